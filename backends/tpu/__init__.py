@@ -1,0 +1,1 @@
+"""TPUs: JAX Pallas kernels called from torch through torch_xla."""

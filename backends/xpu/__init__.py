@@ -1,0 +1,1 @@
+"""Intel GPUs: IPEX fused kernels when present, else the Triton kernels on XPU tensors."""

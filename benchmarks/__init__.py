@@ -1,0 +1,1 @@
+"""Benchmarks: one runner (``customop bench``) over per-family specs; results in BENCHMARKS.md."""

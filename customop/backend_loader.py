@@ -1,0 +1,61 @@
+"""The built-in backends as data: what each needs, which extra brings it, and how to load it.
+
+Probing only looks for modules (``find_spec``); ``load_backend`` imports on first use and turns a
+missing optional dependency into an error that names the extra to install.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+from types import ModuleType
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    requires: tuple[str, ...]
+    extra: str | None
+    description: str
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"BackendSpec: name {self.name!r} must be an identifier")
+
+    def missing(self) -> list[str]:
+        return [m for m in self.requires if importlib.util.find_spec(m) is None]
+
+    def status(self) -> tuple[bool, str]:
+        """(importable, why) without importing anything optional."""
+        if missing := self.missing():
+            return False, f"missing {', '.join(missing)} (pip install customop[{self.extra}])"
+        return True, "dependencies present: " + (", ".join(self.requires) or "torch only")
+
+
+BACKENDS: dict[str, BackendSpec] = {
+    spec.name: spec
+    for spec in (
+        BackendSpec("triton", ("triton",), "cuda", "device-neutral Triton kernels (CUDA, ROCm, XPU)"),
+        BackendSpec("cuda", ("triton",), "cuda", "NVIDIA GPUs: Triton kernels and CUDA specifics"),
+        BackendSpec("rocm", ("triton",), "rocm", "AMD GPUs: Triton kernels, fnuz fp8, wave-64 tuning"),
+        BackendSpec("xpu", (), "xpu", "Intel GPUs: IPEX when present, else Triton on XPU tensors"),
+        BackendSpec("tpu", ("torch_xla", "jax"), "tpu", "TPUs: JAX Pallas kernels through torch_xla"),
+        BackendSpec("cpu", (), None, "CPUs: compiled native code, oneDNN, IPEX CPU when present"),
+    )
+}
+
+
+def load_backend(name: str) -> ModuleType:
+    """Imports ``customop.backends.<name>``; a missing dependency raises naming the extra."""
+    if name not in BACKENDS:
+        raise ValueError(f"customop: unknown backend {name!r}; known: {sorted(BACKENDS)}")
+    spec = BACKENDS[name]
+    try:
+        return importlib.import_module(f"customop.backends.{name}")
+    except ModuleNotFoundError as err:
+        if err.name and err.name.split(".")[0] in spec.requires:
+            raise ImportError(
+                f"customop backend {name!r} needs {err.name!r}: pip install customop[{spec.extra}]"
+            ) from err
+        raise

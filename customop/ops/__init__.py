@@ -1,0 +1,8 @@
+"""The in-tree op library: one module per family, vLLM's class names and registered names.
+
+Importing this package registers every op (``CustomOp.op_registry``) and defines the
+``torch.ops.customop.*`` kernel entry points (schemas and fakes) that backends fill.
+"""
+
+from customop.ops import activation, layernorm, quantization, rotary_embedding  # noqa: F401
+from customop.ops import _library  # noqa: F401  (after the families: it uses their math)

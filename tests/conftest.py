@@ -1,0 +1,24 @@
+"""Suite-wide setup. TRITON_INTERPRET must be set before any kernel module is imported
+(research/kernel-testing-on-cpu.md): the interpreter is chosen when @triton.jit decorates."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+import customop  # noqa: E402
+from customop import platforms  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolate_global_state(monkeypatch):
+    """Each test starts from the environment default config and re-detects the platform."""
+    for var in ("CUSTOMOP_CUSTOM_OPS", "CUSTOMOP_PLATFORM", "CUSTOMOP_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
+    previous = platforms._current
+    customop.set_config(None)
+    yield
+    customop.set_config(None)
+    platforms.set_current_platform(previous)
