@@ -1,29 +1,47 @@
 #!/usr/bin/env bash
-# The tpu CI tier (DESIGN.md section 5): forward_tpu end to end on the XLA CPU device, Pallas
+# The tpu CI tier (DESIGN.md section 5): forward_tpu end to end on the XLA CPU device, the Pallas
 # kernels in interpret mode, and their TPU lowering. It needs its own venv because torch_xla 2.9.0
 # needs exactly torch 2.9.0 (research/tpu-path.md), while the main tier uses torch 2.13.
 #
 # Usage: bash .ci/tpu.sh [extra pytest args]. Env: CUSTOMOP_TPU_VENV (default .venv-tpu),
-# PYTHON (default python3). The venv is reused when it already holds the pinned set.
+# PYTHON (default python3). A venv that already holds the pinned set is reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv=${CUSTOMOP_TPU_VENV:-.venv-tpu}
 python=${PYTHON:-python3}
 # The tested set (research/tpu-path.md): the [pallas] extra pins jax/jaxlib 0.7.1, and call_jax
-# needs torchax, which torch_xla does not declare. torch 2.9.0 is the PyPI CUDA build (several GB).
-pins=(torch==2.9.0 'torch_xla[pallas]==2.9.0' torchax==0.0.13)
+# needs torchax, which torch_xla does not declare; torchax 0.0.13 imports flax at import time
+# (torchax/checkpoint.py) without declaring it either, and flax 0.12.0 is what pip resolves next
+# to jax 0.7.1. torch 2.9.0 is the PyPI CUDA build (several GB; the machine's pip cap is <=2.14.1).
+pins=(torch==2.9.0 'torch_xla[pallas]==2.9.0' torchax==0.0.13 flax==0.12.0)
 test_deps=(pytest pytest-timeout numpy)
 
+pip_quietly() {  # pip's output goes to a log, shown only if it fails
+    local log
+    log=$(mktemp)
+    if ! "$venv/bin/pip" install -q "$@" >"$log" 2>&1; then
+        grep -v '^WARNING: Location' "$log" | tail -40
+        rm -f "$log"
+        return 1
+    fi
+    rm -f "$log"
+}
+
 t0=$SECONDS
-if ! "$venv/bin/python" -c 'import torch, torch_xla, torchax, jax, pytest
-assert torch.__version__.startswith("2.9.0") and jax.__version__ == "0.7.1"' 2>/dev/null; then
-    echo "tpu tier: building $venv"
-    rm -rf "$venv"
-    "$python" -m venv "$venv"
-    "$venv/bin/pip" install -q "${pins[@]}" "${test_deps[@]}"
+[[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
+if ! "$venv/bin/python" - <<'EOF' 2>/dev/null; then
+import torch, torch_xla, torchax, jax, pytest
+assert torch.__version__.startswith("2.9.0") and torch_xla.__version__.startswith("2.9.0")
+assert jax.__version__ == "0.7.1"
+EOF
+    echo "tpu tier: installing ${pins[*]} into $venv"
+    pip_quietly "${pins[@]}" "${test_deps[@]}"
 fi
-"$venv/bin/pip" install -q -e . --no-deps
+# The editable install of this checkout (skipped when the venv already points here).
+if ! "$venv/bin/python" -c 'import customop, os, sys; sys.exit(not os.path.samefile(customop.__path__[0], "customop"))' 2>/dev/null; then
+    pip_quietly -e . --no-deps
+fi
 echo "tpu tier: environment ready in $((SECONDS - t0)) s"
 
 t1=$SECONDS

@@ -46,13 +46,25 @@ BACKENDS: dict[str, BackendSpec] = {
 }
 
 
+_loaded: dict[str, ModuleType] = {}
+
+
 def load_backend(name: str) -> ModuleType:
-    """Imports ``customop.backends.<name>``; a missing dependency raises naming the extra."""
+    """Imports ``customop.backends.<name>``; a missing dependency raises naming the extra.
+
+    Once loaded it is a dict lookup, which dynamo traces without a graph break (it cannot trace
+    ``importlib``). ``CustomOp`` loads its platform's backend when it resolves dispatch, i.e. at
+    construction and outside any trace, so ``forward_<platform>`` may call this freely.
+    """
+    module = _loaded.get(name)
+    if module is not None:
+        return module
     if name not in BACKENDS:
         raise ValueError(f"customop: unknown backend {name!r}; known: {sorted(BACKENDS)}")
     spec = BACKENDS[name]
     try:
-        return importlib.import_module(f"customop.backends.{name}")
+        module = _loaded[name] = importlib.import_module(f"customop.backends.{name}")
+        return module
     except ModuleNotFoundError as err:
         if err.name and err.name.split(".")[0] in spec.requires:
             raise ImportError(

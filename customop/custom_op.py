@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from customop import plugins
+from customop.backend_loader import load_backend
 from customop.config import get_config
 from customop.platforms import current_platform
 
@@ -115,8 +116,16 @@ class CustomOp(nn.Module):
             method = getattr(self, platform.forward_method)
             explicit = self._enforce_enable or config.is_explicitly_enabled(name)
             reason = platform.backend_unavailable()
+            if reason is None and platform.backend is not None:
+                # Load (and register the device kernels of) the backend now, outside any trace.
+                try:
+                    load_backend(platform.backend)
+                except ImportError as err:
+                    if explicit:
+                        raise
+                    reason = str(err)
             if reason and not explicit:
-                # An automatic choice may degrade; an explicit one fails at call time, loudly.
+                # An automatic choice may degrade; an explicit one fails loudly (here or at call).
                 _warn_once(f"fallback:{name}", "customop: %s runs forward_native: %s", name, reason)
                 method = self.forward_native
         self._forward_method = method

@@ -54,6 +54,8 @@ class Platform:
     forward_method: str = "forward_native"
     #: The optional extra that brings this platform's backend (for error messages).
     extra: str | None = None
+    #: The ``customop.backends.<name>`` package an enabled op loads at construction (None: none).
+    backend: str | None = None
 
     def is_cuda(self) -> bool:
         return self._enum is PlatformEnum.CUDA
@@ -107,6 +109,7 @@ class Platform:
 
 
 class CudaPlatform(Platform):
+    backend = "cuda"
     _enum = PlatformEnum.CUDA
     name = device_type = "cuda"
     dist_backend = "nccl"
@@ -127,6 +130,7 @@ class CudaPlatform(Platform):
 
 
 class RocmPlatform(CudaPlatform):
+    backend = "rocm"
     _enum = PlatformEnum.ROCM
     name = "rocm"
     device_type = "cuda"  # HIP devices appear as "cuda" tensors in torch
@@ -152,6 +156,7 @@ class RocmPlatform(CudaPlatform):
 
 
 class XpuPlatform(Platform):
+    backend = "xpu"
     _enum = PlatformEnum.XPU
     name = device_type = "xpu"
     dist_backend = "xccl"
@@ -170,6 +175,7 @@ class XpuPlatform(Platform):
 
 
 class TpuPlatform(Platform):
+    backend = "tpu"
     _enum = PlatformEnum.TPU
     name = "tpu"
     device_type = "xla"
@@ -194,6 +200,7 @@ class TpuPlatform(Platform):
 
 
 class CpuPlatform(Platform):
+    backend = "cpu"
     _enum = PlatformEnum.CPU
     name = device_type = "cpu"
     forward_method = "forward_cpu"

@@ -1,10 +1,14 @@
-"""Suite-wide setup. TRITON_INTERPRET must be set before any kernel module is imported
-(research/kernel-testing-on-cpu.md): the interpreter is chosen when @triton.jit decorates."""
+"""Suite-wide setup. On a machine without a GPU, TRITON_INTERPRET must be set before any kernel
+module is imported (research/kernel-testing-on-cpu.md): the interpreter is chosen when @triton.jit
+decorates. On a GPU machine (`pytest -m cuda` on the H200) the real compiler must run."""
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
 

@@ -4,5 +4,5 @@ Importing this package registers every op (``CustomOp.op_registry``) and defines
 ``torch.ops.customop.*`` kernel entry points (schemas and fakes) that backends fill.
 """
 
-from customop.ops import activation, layernorm, quantization, rotary_embedding  # noqa: F401
+from customop.ops import activation, layernorm, linear, logits_processor, quantization, rotary_embedding, vocab_parallel_embedding  # noqa: F401
 from customop.ops import _library  # noqa: F401  (after the families: it uses their math)

@@ -19,6 +19,21 @@ SCRIPT = textwrap.dedent(f"""
     from customop.cli import main
     platform = customop.current_platform
     assert main(["info"]) == 0
+    # Every op's native path runs without them too (fp32 samples, ops disabled).
+    import torch
+    from customop import Config, CustomOp, use_config
+    from customop.testing import op_samples
+    ran = 0
+    for name in customop.list_ops():
+        samples = op_samples(name)
+        if samples is None:
+            continue
+        for sample in samples.build(torch.float32, "cpu", torch.Generator().manual_seed(0)):
+            with use_config(Config(custom_ops=["none"])):
+                op = CustomOp.op_registry[name](**sample.init_kwargs)
+            op(*sample.args, **sample.kwargs)
+            ran += 1
+    print("NATIVE SAMPLES", ran)
     loaded = sorted(m for m, mod in sys.modules.items() if mod is not None and m.split(".")[0] in BLOCKED)
     assert not loaded, loaded
     print("PLATFORM", platform.name)

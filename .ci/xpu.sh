@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The xpu CI tier (DESIGN.md section 5): the IPEX wrappers of backends/xpu run on CPU tensors
+# against the native spec, plus the XPU dispatch chain, with IPEX actually importable. It needs
+# its own venv because IPEX 2.8.0 (retired; the last release) refuses any torch but 2.8.*
+# (it calls exit(127) at import), while the main tier uses torch 2.13. No Intel GPU is involved:
+# PyPI's IPEX is the CPU build (research/xpu-cpu-path.md section 1, docs/xpu.md).
+#
+# Usage: bash .ci/xpu.sh [extra pytest args]. Env: CUSTOMOP_XPU_VENV (default .venv-xpu),
+# PYTHON (default python3). The venv is reused when it already holds the pinned set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+venv=${CUSTOMOP_XPU_VENV:-.venv-xpu}
+python=${PYTHON:-python3}
+# The `xpu` extra's pins. torch 2.8.0 from PyPI is the CUDA build (2.8.0+cu128, about 3 GB of
+# nvidia-* wheels; this machine's local CPU wheel is 2.13 only); IPEX's own metadata does not pin
+# torch, so the pair is named here explicitly.
+pins=(torch==2.8.0 intel-extension-for-pytorch==2.8.0)
+test_deps=(pytest pytest-timeout numpy)
+
+t0=$SECONDS
+if ! "$venv/bin/python" - <<'EOF' 2>/dev/null
+import importlib.metadata as md
+import pytest  # noqa: F401
+assert md.version("torch").startswith("2.8.0")
+assert md.version("intel-extension-for-pytorch").startswith("2.8.0")
+EOF
+then
+    echo "xpu tier: building $venv (torch 2.8.0 + IPEX 2.8.0, several GB)"
+    rm -rf "$venv"
+    "$python" -m venv "$venv" || exit 1
+    # pip's output goes to a log (this machine's pip prints a warning per package for its local
+    # indexes); it is shown only when the install fails.
+    if ! "$venv/bin/pip" install -q "${pins[@]}" "${test_deps[@]}" > "$venv/install.log" 2>&1; then
+        tail -n 40 "$venv/install.log"
+        exit 1
+    fi
+fi
+if ! "$venv/bin/pip" install -q -e . --no-deps > "$venv/install-customop.log" 2>&1; then
+    tail -n 40 "$venv/install-customop.log"
+    exit 1
+fi
+echo "xpu tier: environment ready in $((SECONDS - t0)) s"
+"$venv/bin/python" -c 'import importlib.metadata as md, torch
+print("xpu tier: torch", torch.__version__, "| intel-extension-for-pytorch",
+      md.version("intel-extension-for-pytorch"), "| torch.xpu.is_available():", torch.xpu.is_available())'
+
+t1=$SECONDS
+"$venv/bin/python" -m pytest tests/backends/xpu -q -p no:cacheprovider "$@"
+status=$?
+if [ "$status" -eq 5 ]; then
+    echo "xpu tier: pytest collected no tests: failing"
+    status=1
+fi
+echo "xpu tier: tests took $((SECONDS - t1)) s (exit $status)"
+exit "$status"

@@ -1,0 +1,87 @@
+"""Shared helpers of the Triton kernel modules: row views, block arithmetic, activations.
+
+Kernels index each row from an int64 base pointer (``row * stride`` can pass 2**31 elements at
+32768 x 2 x 14336 and beyond) and use int32 offsets inside the row, which keeps the per-element
+arithmetic 32-bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def as_rows(t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` as a ``[rows, t.shape[-1]]`` view with unit last stride, or None when no such view
+    exists (the caller then works on a contiguous copy). Never copies."""
+    if t.dim() == 0 or (t.shape[-1] > 1 and t.stride(-1) != 1):
+        return None
+    try:
+        rows = t.view(-1, t.shape[-1])
+    except RuntimeError:
+        return None
+    return rows
+
+
+def rows_or_copy(t: torch.Tensor) -> torch.Tensor:
+    """A row view of ``t``, or of a contiguous copy when ``t`` has none."""
+    rows = as_rows(t)
+    return rows if rows is not None else t.contiguous().view(-1, t.shape[-1])
+
+
+def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
+    """Makes ``device`` current while launching: Triton launches on the current device and
+    stream, so a tensor on another GPU needs a switch (a no-op when it is already current)."""
+    if device.type == "cpu" or device.index is None:
+        return contextlib.nullcontext()
+    module = torch.get_device_module(device.type)
+    if module.current_device() == device.index:
+        return contextlib.nullcontext()
+    return module.device(device.index)
+
+
+def row_stride(rows: torch.Tensor) -> int:
+    # A single row may report any stride; the kernels only multiply it by row indices.
+    return rows.stride(0) if rows.shape[0] > 1 else rows.shape[1]
+
+
+# ---- activations (fp32 in, fp32 out) ----------------------------------------------------------
+
+
+@triton.jit
+def silu(x):
+    return x * tl.sigmoid(x)
+
+
+@triton.jit
+def gelu_erf(x):
+    return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+
+
+@triton.jit
+def gelu_tanh(x, C: tl.constexpr):
+    # 0.5 * x * (1 + tanh(u)) == x * sigmoid(2u): no tanh intrinsic is needed (Triton has none
+    # that is device-neutral) and there is no cancellation in 1 + tanh(u) for negative u.
+    inner = C * (x + 0.044715 * x * x * x)
+    return x * tl.sigmoid(2.0 * inner)
+
+
+@triton.jit
+def expm1_neg(x):
+    """expm1 for x <= 0: a Taylor polynomial near 0 (where exp(x) - 1 cancels), exp - 1 beyond."""
+    poly = x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0 + x * (1.0 / 720.0 + x * (1.0 / 5040.0)))))))
+    return tl.where(x > -0.25, poly, tl.exp(x) - 1.0)
+
+
+@triton.jit
+def softplus(x):
+    # log(1 + exp(x)) as torch computes it (x itself above 20); exp(x) where 1 + exp(x) rounds to 1
+    e = tl.exp(tl.minimum(x, 20.0))
+    return tl.where(x > 20.0, x, tl.where(x < -15.0, e, tl.log(1.0 + e)))

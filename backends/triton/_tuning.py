@@ -1,0 +1,240 @@
+"""Block sizes and warps for the Triton kernels, from tables keyed by device type and shape.
+
+Never autotuned at run time: autotuning benchmarks on the first call of each shape (a host sync,
+seconds of warm-up, results that differ between runs) and cannot run under the interpreter
+(research/kernel-testing-on-cpu.md). The tables are plain data; ``override`` lets the benchmark
+runner's ``--sweep`` time alternatives, and its results are how the numbers here get changed.
+
+Three config kinds:
+- ``rows``: a row reduction (the norms, gelu_and_mul_sparse). ``block_m`` rows per program;
+  ``block_n`` >= the row (or group) width when ``single_tile``, so the row stays in registers
+  and is read once; otherwise a loop over ``block_n`` chunks (two passes over the row).
+- ``tile``: a 2-D elementwise tile of the output (``*_and_mul``): ``block_m`` rows x ``block_n``
+  columns per program, grid (row blocks, column blocks).
+- ``flat``: a 1-D elementwise block over the flattened tensor (unary activations).
+
+Device types: ``cuda`` (NVIDIA), ``hip`` (AMD: a wavefront is 64 lanes, so half the warps give
+the same threads), ``xpu`` (Intel, as cuda), ``cpu`` (the Triton interpreter in CI: the cuda
+table, so that CI runs the GPU code paths, with one "SM").
+
+The cuda numbers are first picks from the usual rules for memory-bound kernels on Hopper
+(16-byte accesses, 8-32 fp32 values per thread, enough programs to cover 132 SMs twice), not yet
+swept on the H200. What compiling them for sm_90 without a GPU showed (tests/backends/triton/
+aot_check.py, triton 3.6 as on the H200 and 3.9): no spills anywhere, all accesses 16 bytes wide
+on aligned rows; the 8192-wide rms kernel at 16 warps takes 32-38 registers (3-4 resident
+programs, 48-64 warps per SM) and the fused add 40 (48 warps); 32 warps would keep 64 warps
+resident with half the bytes in flight per thread. Which wins is for ``--sweep`` to say.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from customop.backends.triton._common import next_pow2
+
+
+@dataclasses.dataclass(frozen=True)
+class RowConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    single_tile: bool
+    #: 0: one program per row block; k > 0: a persistent grid of k programs per SM looping over
+    #: row blocks with the next block's loads in flight (rms_norm family only)
+    programs_per_sm: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RotaryConfig:
+    #: warps per program (one token, or one slice of its heads, per program)
+    num_warps: int
+    #: at least this many programs per token (each takes a slice of the heads)
+    min_splits: int = 1
+
+
+#: rows: (largest padded row width, rows per program, warps); wider rows loop (LOOP_ROW)
+ROW_TABLE: dict[str, tuple[tuple[int, int, int], ...]] = {
+    "cuda": (
+        (128, 32, 4),
+        (256, 16, 4),
+        (512, 8, 4),
+        (1024, 4, 4),
+        (2048, 1, 4),
+        (4096, 1, 8),
+        (8192, 1, 16),
+        (16384, 1, 16),
+        (32768, 1, 32),
+    ),
+}
+#: rows wider than the table: chunk width and warps of the looped kernel
+LOOP_ROW: dict[str, tuple[int, int]] = {"cuda": (8192, 16)}
+
+#: tile / flat: elements per program for large tensors, the smallest block when the tensor is
+#: small (more programs spread a decode-sized tensor over more SMs), elements per warp (16 per
+#: thread: two 16-byte loads of bf16 in flight per thread and operand), and elements per warp when
+#: the grid has fewer than two programs per SM (8 per thread: one vector each, the shortest
+#: dependent chain per thread, which is what a latency-bound decode launch waits on)
+TILE_TABLE: dict[str, dict[str, int]] = {
+    "cuda": {"tile_elems": 2048, "tile_min_n": 512, "flat_elems": 4096, "flat_min": 512, "elems_per_warp": 512,
+             "small_elems_per_warp": 256},
+}
+
+_ALIASES = {"xpu": "cuda", "cpu": "cuda", "hip": "cuda"}
+_OVERRIDES: dict[str, dict[str, Any]] = {}
+
+
+def device_kind(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "hip" if torch.version.hip else "cuda"
+    return device.type
+
+
+@functools.cache
+def _sm_count(device_type: str, index: int | None) -> int:
+    if device_type == "cuda":
+        return torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).multi_processor_count
+    if device_type == "xpu":
+        props = torch.xpu.get_device_properties(index if index is not None else torch.xpu.current_device())
+        return int(getattr(props, "gpu_subslice_count", 0) or getattr(props, "max_compute_units", 64) // 8 or 64)
+    return 1  # the interpreter: grids are small anyway
+
+
+def sm_count(device: torch.device) -> int:
+    return _sm_count(device.type, device.index)
+
+
+def _table(table: dict[str, Any], kind: str) -> Any:
+    return table.get(kind) or table[_ALIASES.get(kind, "cuda")]
+
+
+def _warps(kind: str, warps: int) -> int:
+    return max(1, warps // 2) if kind == "hip" else warps
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _apply_override(name: str, cfg: Any) -> Any:
+    fields = _OVERRIDES.get(name)
+    return dataclasses.replace(cfg, **fields) if fields else cfg
+
+
+def row_config(device: torch.device, n_rows: int, n_cols: int, operands: int = 1) -> RowConfig:
+    """Config of a row reduction over ``n_cols`` lanes (a whole row, or one group).
+    ``operands=2``: the program keeps two row-sized fp32 tiles live (gelu_and_mul_sparse's gate
+    and up), so wide rows get twice the warps (up to 32) to keep registers per thread as for one."""
+    kind = device_kind(device)
+    return _apply_override("rows", _row_config(kind, sm_count(device), n_rows, n_cols, operands))
+
+
+@functools.lru_cache(maxsize=512)
+def _row_config(kind: str, sms: int, n_rows: int, n_cols: int, operands: int) -> RowConfig:
+    width = next_pow2(n_cols)
+    for max_width, block_m, warps in _table(ROW_TABLE, kind):
+        if width <= max_width:
+            # Fewer rows per program while that leaves fewer than two programs per SM.
+            while block_m > 1 and _cdiv(n_rows, block_m) < 2 * sms:
+                block_m //= 2
+            if operands > 1 and block_m == 1:
+                warps = min(32, warps * operands)
+            return RowConfig(block_m, width, _warps(kind, warps), True)
+    chunk, warps = _table(LOOP_ROW, kind)
+    return RowConfig(1, chunk, _warps(kind, warps), False)
+
+
+def row_grid(device: torch.device, cfg: RowConfig, n_rows: int) -> tuple[tuple[int], int]:
+    """(grid, pipeline stages) of a row kernel: a persistent grid when the config asks for one
+    and there are more row blocks than it has programs."""
+    if not cfg.single_tile:
+        return (n_rows,), 1
+    blocks = _cdiv(n_rows, cfg.block_m)
+    resident = cfg.programs_per_sm * sm_count(device)
+    if resident and blocks > resident:
+        return (resident,), 2
+    return (blocks,), 1
+
+
+def tile_config(device: torch.device, n_rows: int, n_cols: int) -> TileConfig:
+    """2-D elementwise tile over an ``[n_rows, n_cols]`` output."""
+    kind = device_kind(device)
+    return _apply_override("tile", _tile_config(kind, sm_count(device), n_rows, n_cols))
+
+
+@functools.lru_cache(maxsize=512)
+def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int) -> TileConfig:
+    t = _table(TILE_TABLE, kind)
+    block_n = min(next_pow2(n_cols), t["tile_elems"])
+    block_m = min(max(1, t["tile_elems"] // block_n), next_pow2(n_rows))
+    while block_n > t["tile_min_n"] and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
+        block_n //= 2
+    small = _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms
+    warps = max(1, min(8, block_m * block_n // t["small_elems_per_warp" if small else "elems_per_warp"]))
+    return TileConfig(block_m, block_n, _warps(kind, warps))
+
+
+def flat_config(device: torch.device, numel: int) -> TileConfig:
+    """1-D elementwise block over ``numel`` elements (``block_m`` is 1)."""
+    kind = device_kind(device)
+    return _apply_override("flat", _flat_config(kind, sm_count(device), numel))
+
+
+@functools.lru_cache(maxsize=512)
+def _flat_config(kind: str, sms: int, numel: int) -> TileConfig:
+    t = _table(TILE_TABLE, kind)
+    block = t["flat_elems"]
+    while block > t["flat_min"] and _cdiv(numel, block) < 2 * sms:
+        block //= 2
+    small = _cdiv(numel, block) < 2 * sms
+    warps = max(1, min(8, block // t["small_elems_per_warp" if small else "elems_per_warp"]))
+    return TileConfig(1, block, _warps(kind, warps))
+
+
+def rotary_config(device: torch.device) -> RotaryConfig:
+    kind = device_kind(device)
+    return _apply_override("rotary", RotaryConfig(_warps(kind, 4)))
+
+
+# ---- benchmark sweeps -------------------------------------------------------------------------
+
+#: alternatives the runner's --sweep times per config kind (fields replaced in the table's pick;
+#: for ``rows`` only block_m and num_warps, since block_n must cover the row)
+SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
+    "rows": tuple({"num_warps": w} for w in (2, 4, 8, 16, 32)) + tuple({"block_m": m} for m in (1, 2, 4))
+    + tuple({"programs_per_sm": p} for p in (1, 2, 4, 8)),
+    "tile": tuple({"block_n": n, "num_warps": w} for n, w in ((512, 1), (512, 2), (1024, 2), (1024, 4),
+                                                              (2048, 4), (2048, 8), (4096, 8), (4096, 16))),
+    "flat": tuple({"block_n": n, "num_warps": w} for n, w in ((512, 1), (1024, 4), (2048, 4), (2048, 8), (4096, 4),
+                                                              (4096, 8), (8192, 8), (8192, 16), (16384, 16))),
+    "rotary": ({"num_warps": 2}, {"num_warps": 8}, {"min_splits": 2}, {"num_warps": 2, "min_splits": 2},
+               {"num_warps": 8, "min_splits": 4}),
+}
+
+
+@contextlib.contextmanager
+def override(kind: str, **fields: Any) -> Iterator[None]:
+    """Within the block, configs of ``kind`` (rows, tile, flat) get ``fields`` replaced."""
+    if kind not in SWEEP:
+        raise ValueError(f"_tuning.override: unknown kind {kind!r}; known: {sorted(SWEEP)}")
+    previous = _OVERRIDES.get(kind)
+    _OVERRIDES[kind] = fields
+    try:
+        yield
+    finally:
+        if previous is None:
+            _OVERRIDES.pop(kind, None)
+        else:
+            _OVERRIDES[kind] = previous

@@ -1,0 +1,299 @@
+"""Triton kernels of the activations: the gated ``*_and_mul`` family (gate and up read in one
+pass), gelu_and_mul_sparse (row statistics of the gate), the interleaved GPT-OSS SwiGLU, and the
+elementwise GELU variants, relu2 and xIELU.
+
+All math is fp32 with a single cast of the result (the native spec rounds after every op in the
+input dtype; one rounding is closer to the exact value). Outputs are new contiguous tensors.
+Tiles come from ``_tuning`` (``tile`` for the gated ops, ``flat`` for the elementwise ones,
+``rows`` for the sparse one).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from customop.backends.triton import _tuning
+from customop.backends.triton._common import (
+    as_rows, device_guard, expm1_neg, gelu_erf, gelu_tanh, row_stride, silu,
+)
+
+# Activation codes (the kernels' ACT constexpr). Globals read inside @triton.jit code must be
+# tl.constexpr objects; launchers pass ``.value``.
+SILU, GELU, GELU_TANH, FATRELU = (tl.constexpr(i) for i in range(4))
+GELU_NEW, GELU_FAST, QUICK_GELU, RELU2, XIELU = (tl.constexpr(i) for i in range(10, 15))
+
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+_GELU_FAST_C = tl.constexpr(0.7978845608)  # gelu_fast's spec inlines the constant with 10 digits
+
+
+@triton.jit
+def _gate_act(a, threshold, ACT: tl.constexpr):
+    if ACT == SILU:
+        return silu(a)
+    elif ACT == GELU:
+        return gelu_erf(a)
+    elif ACT == GELU_TANH:
+        return gelu_tanh(a, _SQRT_2_OVER_PI)
+    else:  # FATRELU
+        return tl.where(a > threshold, a, 0.0)
+
+
+@triton.jit
+def _and_mul_kernel(
+    x_ptr, out_ptr, n_rows, d, x_stride, out_stride, gate_offset, up_offset, threshold,
+    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # tiles of the [n_rows, d] output, row-major (column block fastest): the programs in flight
+    # read one contiguous stretch of x and write one of out, as a flat copy does
+    pid = tl.program_id(0)
+    col_blocks = tl.cdiv(d, BLOCK_N)
+    rows = ((pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = (pid % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
+    x_row = x_ptr + rows[:, None] * x_stride + cols[None, :]
+    a = tl.load(x_row + gate_offset, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    b = tl.load(x_row + up_offset, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    y = _gate_act(a, threshold, ACT) * b
+    tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swigluoai_kernel(
+    x_ptr, out_ptr, n_rows, d, x_stride, out_stride, alpha, limit,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # Interleaved lanes: one contiguous load of 2 * BLOCK_N lanes per row (16-byte accesses; a
+    # [rows, cols, 2] pointer tile would not vectorise), then a register-local split into pairs.
+    # Tiles go row-major, as in _and_mul_kernel.
+    pid = tl.program_id(0)
+    col_blocks = tl.cdiv(d, BLOCK_N)
+    col_block = pid % col_blocks
+    rows = ((pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    lanes = 2 * col_block * BLOCK_N + tl.arange(0, 2 * BLOCK_N)
+    row_mask = (rows < n_rows)[:, None]
+    gu = tl.load(x_ptr + rows[:, None] * x_stride + lanes[None, :], mask=row_mask & (lanes < 2 * d)[None, :],
+                 other=0.0, eviction_policy="evict_first").to(tl.float32)
+    g, u = tl.split(tl.reshape(gu, [BLOCK_M, BLOCK_N, 2]))
+    mask = row_mask & (cols < d)[None, :]
+    g = tl.minimum(g, limit)
+    u = tl.minimum(tl.maximum(u, -limit), limit)
+    y = (u + 1.0) * (g * tl.sigmoid(alpha * g))
+    tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gelu_sparse_kernel(
+    x_ptr, out_ptr, n_rows, d, x_stride, out_stride, std_multiplier,
+    APPROX_TANH: tl.constexpr, SINGLE_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    if SINGLE_TILE:
+        rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        cols = tl.arange(0, BLOCK_N)
+        mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
+        x_row = x_ptr + rows[:, None] * x_stride + cols[None, :]
+        # both halves are requested before the reductions, so their latencies overlap
+        a = tl.load(x_row, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        b = tl.load(x_row + d, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        mean = tl.sum(a, axis=1) / d
+        centred = tl.where(mask, a - mean[:, None], 0.0)
+        std = tl.sqrt(tl.sum(centred * centred, axis=1) / d)
+        cutoff = (mean + std * std_multiplier)[:, None]
+        h = tl.maximum(a - cutoff, 0.0)
+        g = gelu_tanh(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
+        tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], (g * b).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # One row per program. Pass 1 merges per-chunk (count, mean, M2) (Chan et al.), which
+        # stays accurate when the mean is large next to the spread.
+        row = tl.program_id(0).to(tl.int64)
+        x_row = x_ptr + row * x_stride
+        count = tl.zeros([1], dtype=tl.float32)
+        mean = tl.zeros([1], dtype=tl.float32)
+        m2 = tl.zeros([1], dtype=tl.float32)
+        for start in range(0, d, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < d
+            a = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            n_chunk = tl.minimum(d - start, BLOCK_N).to(tl.float32)
+            chunk_mean = tl.sum(a, axis=0) / n_chunk
+            chunk_m2 = tl.sum(tl.where(mask, (a - chunk_mean) * (a - chunk_mean), 0.0), axis=0)
+            total = count + n_chunk
+            delta = chunk_mean - mean
+            mean += delta * (n_chunk / total)
+            m2 += chunk_m2 + delta * delta * (count * n_chunk / total)
+            count = total
+        cutoff = mean + tl.sqrt(m2 / d) * std_multiplier
+        for start in range(0, d, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < d
+            a = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            b = tl.load(x_row + d + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            h = tl.maximum(a - cutoff, 0.0)
+            g = gelu_tanh(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
+            tl.store(out_ptr + row * out_stride + cols, (g * b).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _unary_kernel(
+    x_ptr, out_ptr, numel, alpha_p_ptr, alpha_n_ptr, beta, eps,
+    ACT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    offs = tl.arange(0, BLOCK)
+    mask = offs < numel - start
+    x = tl.load(x_ptr + start + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    if ACT == GELU_NEW:
+        y = gelu_tanh(x, _SQRT_2_OVER_PI)
+    elif ACT == GELU_FAST:
+        y = gelu_tanh(x, _GELU_FAST_C)
+    elif ACT == QUICK_GELU:
+        y = x * tl.sigmoid(1.702 * x)
+    elif ACT == RELU2:
+        r = tl.maximum(x, 0.0)
+        y = r * r
+    else:  # XIELU; the spec rounds alpha_p / alpha_n to x's dtype first
+        x_dtype = x_ptr.dtype.element_ty
+        alpha_p = tl.load(alpha_p_ptr).to(x_dtype).to(tl.float32)
+        alpha_n = tl.load(alpha_n_ptr).to(x_dtype).to(tl.float32)
+        negative = (expm1_neg(tl.minimum(x, eps)) - x) * alpha_n + beta * x
+        y = tl.where(x > 0.0, alpha_p * x * x + beta * x, negative)
+    tl.store(out_ptr + start + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ---- launchers --------------------------------------------------------------------------------
+
+
+def _gated_io(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(output, input rows view, output rows view) of a gated op."""
+    d = x.shape[-1] // 2
+    out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
+    rows = as_rows(x)
+    if rows is None:
+        rows = x.contiguous().view(-1, x.shape[-1])
+    return out, rows, out.view(-1, d)
+
+
+def _and_mul(x: torch.Tensor, act: tl.constexpr, threshold: float = 0.0, gate_second: bool = False,
+             config: _tuning.TileConfig | None = None) -> torch.Tensor:
+    out, rows, out_rows = _gated_io(x)
+    n_rows, d = out_rows.shape
+    if out.numel() == 0:
+        return out
+    cfg = config or _tuning.tile_config(x.device, n_rows, d)
+    grid = (triton.cdiv(n_rows, cfg.block_m) * triton.cdiv(d, cfg.block_n),)
+    with device_guard(x.device):
+        _and_mul_kernel[grid](rows, out_rows, n_rows, d, row_stride(rows), d, d if gate_second else 0,
+                              0 if gate_second else d, threshold, ACT=act.value, BLOCK_M=cfg.block_m,
+                              BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _and_mul(x, SILU)
+
+
+def mul_and_silu(x: torch.Tensor) -> torch.Tensor:
+    return _and_mul(x, SILU, gate_second=True)
+
+
+def _gelu_code(approximate: str) -> tl.constexpr:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"customop::gelu_and_mul: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return GELU_TANH if approximate == "tanh" else GELU
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    return _and_mul(x, _gelu_code(approximate))
+
+
+def fatrelu_and_mul(x: torch.Tensor, threshold: float) -> torch.Tensor:
+    return _and_mul(x, FATRELU, threshold=threshold)
+
+
+def swigluoai_and_mul(x: torch.Tensor, alpha: float, limit: float,
+                      config: _tuning.TileConfig | None = None) -> torch.Tensor:
+    out, rows, out_rows = _gated_io(x)
+    n_rows, d = out_rows.shape
+    if out.numel() == 0:
+        return out
+    cfg = config or _tuning.tile_config(x.device, n_rows, d)
+    grid = (triton.cdiv(n_rows, cfg.block_m) * triton.cdiv(d, cfg.block_n),)
+    with device_guard(x.device):
+        _swigluoai_kernel[grid](rows, out_rows, n_rows, d, row_stride(rows), d, alpha, limit,
+                                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    return out
+
+
+def gelu_and_mul_sparse(x: torch.Tensor, std_multiplier: float, approximate: str,
+                        config: _tuning.RowConfig | None = None) -> torch.Tensor:
+    tanh = _gelu_code(approximate) is GELU_TANH
+    out, rows, out_rows = _gated_io(x)
+    n_rows, d = out_rows.shape
+    if out.numel() == 0:
+        return out
+    cfg = config or _tuning.row_config(x.device, n_rows, d, operands=2)
+    grid = (triton.cdiv(n_rows, cfg.block_m) if cfg.single_tile else n_rows,)
+    with device_guard(x.device):
+        _gelu_sparse_kernel[grid](rows, out_rows, n_rows, d, row_stride(rows), d, std_multiplier,
+                                  APPROX_TANH=tanh, SINGLE_TILE=cfg.single_tile,
+                                  BLOCK_M=cfg.block_m if cfg.single_tile else 1, BLOCK_N=cfg.block_n,
+                                  num_warps=cfg.num_warps)
+    return out
+
+
+def _unary(x: torch.Tensor, act: tl.constexpr, alpha_p: torch.Tensor | None = None, alpha_n: torch.Tensor | None = None,
+           beta: float = 0.0, eps: float = 0.0, config: _tuning.TileConfig | None = None) -> torch.Tensor:
+    xc = x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    numel = out.numel()
+    if numel == 0:
+        return out
+    cfg = config or _tuning.flat_config(x.device, numel)
+    p = alpha_p if alpha_p is not None else xc
+    n = alpha_n if alpha_n is not None else xc
+    with device_guard(x.device):
+        _unary_kernel[(triton.cdiv(numel, cfg.block_n),)](xc, out, numel, p, n, beta, eps, ACT=act.value,
+                                                          BLOCK=cfg.block_n, num_warps=cfg.num_warps)
+    return out
+
+
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    return _unary(x, GELU_NEW)
+
+
+def gelu_fast(x: torch.Tensor) -> torch.Tensor:
+    return _unary(x, GELU_FAST)
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return _unary(x, QUICK_GELU)
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    return _unary(x, RELU2)
+
+
+def xielu(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor, beta: float, eps: float) -> torch.Tensor:
+    return _unary(x, XIELU, alpha_p, alpha_n, beta, eps)
+
+
+KERNELS = {
+    "customop::silu_and_mul": silu_and_mul,
+    "customop::mul_and_silu": mul_and_silu,
+    "customop::gelu_and_mul": gelu_and_mul,
+    "customop::gelu_and_mul_sparse": gelu_and_mul_sparse,
+    "customop::fatrelu_and_mul": fatrelu_and_mul,
+    "customop::swigluoai_and_mul": swigluoai_and_mul,
+    "customop::gelu_new": gelu_new,
+    "customop::gelu_fast": gelu_fast,
+    "customop::quick_gelu": quick_gelu,
+    "customop::relu2": relu2,
+    "customop::xielu": xielu,
+}
+
+#: which _tuning config kind each op's kernel reads (for the benchmark runner's --sweep)
+TUNING = {name: "tile" for name in KERNELS}
+TUNING.update({"customop::gelu_and_mul_sparse": "rows", **{f"customop::{n}": "flat" for n in
+               ("gelu_new", "gelu_fast", "quick_gelu", "relu2", "xielu")}})

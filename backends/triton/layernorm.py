@@ -1,0 +1,249 @@
+"""Triton kernels of the norms: rms_norm, fused_add_rms_norm (in place), gemma_rms_norm,
+gemma_fused_add_rms_norm (in place) and rms_norm_gated.
+
+Each program owns ``block_m`` whole rows (or row groups) and keeps them in registers: x (and the
+residual) are read once, the outputs written once, all math in fp32 with one cast per output.
+A tuning config may ask for a persistent grid instead (programs loop over row blocks, the next
+block's loads in flight during this one's math). Rows wider than the tuning table's largest tile
+take a looped variant (two passes over the row; the second is mostly served by L2). Numerics follow the spec (customop/ops/layernorm.py):
+plain rms_norm rounds the normalised value to the weight's dtype before multiplying by the weight
+in that dtype; Gemma multiplies by ``1 + w`` in fp32; the fused variants normalise the fp32 sum
+and store the residual in x's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from customop.backends.triton import _tuning
+from customop.backends.triton._common import as_rows, device_guard, row_stride, silu
+
+# ---- kernels ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _scale_rows(x, rstd, w, W_DTYPE: tl.constexpr, HAS_WEIGHT: tl.constexpr, GEMMA: tl.constexpr):
+    """x * rstd, then the weight: in W's dtype (Llama) or as (1 + w) in fp32 (Gemma)."""
+    y = x * rstd
+    if HAS_WEIGHT:
+        if GEMMA:
+            y = y * (1.0 + w.to(tl.float32))
+        else:
+            y = (y.to(W_DTYPE).to(tl.float32) * w.to(tl.float32)).to(W_DTYPE).to(tl.float32)
+    return y
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, out_ptr, w_ptr,
+    n_rows, n_cols, x_stride, res_stride, out_stride, eps,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, GEMMA: tl.constexpr,
+    SINGLE_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+):
+    W_DTYPE = w_ptr.dtype.element_ty
+    if SINGLE_TILE:
+        cols = tl.arange(0, BLOCK_N)
+        col_mask = cols < n_cols
+        # Programs stride over row blocks: one block each when the grid covers them all; in a
+        # persistent grid (STAGES = 2) the next block's loads are issued while this one computes.
+        for block in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0), num_stages=STAGES):
+            rows = (block * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            mask = (rows < n_rows)[:, None] & col_mask[None, :]
+            x_ptrs = x_ptr + rows[:, None] * x_stride + cols[None, :]
+            x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            if HAS_RESIDUAL:
+                r_ptrs = res_ptr + rows[:, None] * res_stride + cols[None, :]
+                x += tl.load(r_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                tl.store(r_ptrs, x.to(x_ptr.dtype.element_ty).to(res_ptr.dtype.element_ty), mask=mask)
+            rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+            # the weight is re-read per block (an L1/L2 hit) rather than held across the loop,
+            # which would cost registers and so resident programs
+            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last")[None, :] if HAS_WEIGHT else 0.0
+            y = _scale_rows(x, rstd[:, None], w, W_DTYPE, HAS_WEIGHT, GEMMA)
+            tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # One row per program. Pass 1 sums squares; pass 2 re-reads x (and the residual, which
+        # is rewritten only there, chunk by chunk, after being read), then writes.
+        row = tl.program_id(0).to(tl.int64)
+        x_row, r_row, o_row = x_ptr + row * x_stride, res_ptr + row * res_stride, out_ptr + row * out_stride
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            if HAS_RESIDUAL:
+                x += tl.load(r_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            if HAS_RESIDUAL:
+                x += tl.load(r_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                tl.store(r_row + cols, x.to(x_ptr.dtype.element_ty).to(res_ptr.dtype.element_ty), mask=mask)
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last") if HAS_WEIGHT else 0.0
+            y = _scale_rows(x, rstd, w, W_DTYPE, HAS_WEIGHT, GEMMA)
+            tl.store(o_row + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gate(z, SIGMOID: tl.constexpr):
+    return tl.sigmoid(z) if SIGMOID else silu(z)
+
+
+@triton.jit
+def _rms_norm_gated_kernel(
+    x_ptr, z_ptr, out_ptr, w_ptr,
+    n_rows, group_size, x_stride, z_stride, out_stride, eps,
+    HAS_Z: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr, SIGMOID: tl.constexpr,
+    SINGLE_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # grid: (row blocks, groups); a program normalises one group of block_m rows.
+    col0 = tl.program_id(1) * group_size
+    if SINGLE_TILE:
+        rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        cols = tl.arange(0, BLOCK_N)
+        col_mask = cols < group_size
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        offs = col0 + cols[None, :]
+        x = tl.load(x_ptr + rows[:, None] * x_stride + offs, mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        if HAS_Z:
+            g = _gate(tl.load(z_ptr + rows[:, None] * z_stride + offs, mask=mask, other=0.0,
+                              eviction_policy="evict_first").to(tl.float32), SIGMOID)
+            if not NORM_BEFORE_GATE:
+                x = x * g
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / group_size + eps)
+        w = tl.load(w_ptr + col0 + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        y = x * rstd[:, None] * w[None, :]
+        if HAS_Z and NORM_BEFORE_GATE:
+            y = y * g
+        tl.store(out_ptr + rows[:, None] * out_stride + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        row = tl.program_id(0).to(tl.int64)
+        x_row, z_row, o_row = x_ptr + row * x_stride + col0, z_ptr + row * z_stride + col0, out_ptr + row * out_stride + col0
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, group_size, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < group_size
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            if HAS_Z and not NORM_BEFORE_GATE:
+                x = x * _gate(tl.load(z_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32), SIGMOID)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / group_size + eps)
+        for start in range(0, group_size, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < group_size
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            if HAS_Z:
+                g = _gate(tl.load(z_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32), SIGMOID)
+                if not NORM_BEFORE_GATE:
+                    x = x * g
+            y = x * rstd * tl.load(w_ptr + col0 + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            if HAS_Z and NORM_BEFORE_GATE:
+                y = y * g
+            tl.store(o_row + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ---- launchers --------------------------------------------------------------------------------
+
+
+def _launch_rms(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
+                out: torch.Tensor, eps: float, gemma: bool, config: _tuning.RowConfig | None = None) -> None:
+    """Normalises the rows of x (+ residual, rewritten in place) into out; all are row views."""
+    n_rows, n_cols = x.shape
+    cfg = config or _tuning.row_config(x.device, n_rows, n_cols)
+    res = residual if residual is not None else x
+    w = weight.contiguous() if weight is not None else x
+    grid, stages = _tuning.row_grid(x.device, cfg, n_rows)
+    with device_guard(x.device):
+        _rms_norm_kernel[grid](
+            x, res, out, w, n_rows, n_cols, row_stride(x), row_stride(res), row_stride(out), eps,
+            HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, GEMMA=gemma,
+            SINGLE_TILE=cfg.single_tile, BLOCK_M=cfg.block_m if cfg.single_tile else 1,
+            BLOCK_N=cfg.block_n, STAGES=stages, num_warps=cfg.num_warps)
+
+
+def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
+          out: torch.Tensor, gemma: bool, config: _tuning.RowConfig | None = None) -> None:
+    """Writes the norm of x (+ residual) into out and, with a residual, x + residual into it.
+    Tensors without a row view are handled on contiguous copies, written back after."""
+    if x.numel() == 0:
+        return
+    views = [as_rows(t) for t in (x, out) + ((residual,) if residual is not None else ())]
+    if all(v is not None for v in views):
+        _launch_rms(views[0], views[2] if residual is not None else None, weight, views[1], eps, gemma, config)
+        return
+    hidden = x.shape[-1]
+    xc = x.contiguous().view(-1, hidden)
+    rc = None if residual is None else residual.contiguous().view(-1, hidden).clone()
+    oc = torch.empty_like(xc)
+    _launch_rms(xc, rc, weight, oc, eps, gemma, config)
+    if residual is not None:
+        residual.copy_(rc.view(residual.shape))
+    out.copy_(oc.view(out.shape))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    out = torch.empty_like(x)
+    _norm(x, None, weight, eps, out, gemma=False)
+    return out
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float) -> None:
+    _norm(x, residual, weight, eps, x, gemma=False)
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    out = torch.empty_like(x)
+    _norm(x, None, weight, eps, out, gemma=True)
+    return out
+
+
+def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    _norm(x, residual, weight, eps, x, gemma=True)
+
+
+def rms_norm_gated(x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None, eps: float,
+                   group_size: int, norm_before_gate: bool, sigmoid: bool,
+                   config: _tuning.RowConfig | None = None) -> torch.Tensor:
+    hidden = x.shape[-1]
+    if group_size <= 0 or hidden % group_size:
+        raise ValueError(f"customop::rms_norm_gated: group_size={group_size} must divide the last dim {hidden}")
+    out = torch.empty_like(x)
+    if x.numel() == 0:
+        return out
+    xr, zr, outr = as_rows(x), None if z is None else as_rows(z), as_rows(out)
+    direct = xr is not None and outr is not None and (z is None or zr is not None)
+    if not direct:
+        xr = x.contiguous().view(-1, hidden)
+        zr = None if z is None else z.contiguous().view(-1, hidden)
+        outr = torch.empty_like(xr)
+    n_rows, n_groups = xr.shape[0], hidden // group_size
+    cfg = config or _tuning.row_config(x.device, n_rows * n_groups, group_size)
+    grid = (triton.cdiv(n_rows, cfg.block_m) if cfg.single_tile else n_rows, n_groups)
+    zt = zr if zr is not None else xr
+    with device_guard(x.device):
+        _rms_norm_gated_kernel[grid](
+            xr, zt, outr, weight.contiguous(), n_rows, group_size, row_stride(xr), row_stride(zt),
+            row_stride(outr), eps, HAS_Z=z is not None, NORM_BEFORE_GATE=norm_before_gate, SIGMOID=sigmoid,
+            SINGLE_TILE=cfg.single_tile, BLOCK_M=cfg.block_m if cfg.single_tile else 1,
+            BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    if not direct:
+        out.copy_(outr.view(out.shape))
+    return out
+
+
+KERNELS = {
+    "customop::rms_norm": rms_norm,
+    "customop::fused_add_rms_norm": fused_add_rms_norm,
+    "customop::gemma_rms_norm": gemma_rms_norm,
+    "customop::gemma_fused_add_rms_norm": gemma_fused_add_rms_norm,
+    "customop::rms_norm_gated": rms_norm_gated,
+}
+
+#: which _tuning config kind each op's kernel reads (for the benchmark runner's --sweep)
+TUNING = {name: "rows" for name in KERNELS}

@@ -1,0 +1,124 @@
+"""CPU timings of the norms family: eager native vs ``torch.compile(native)`` vs ``forward_cpu``.
+
+"eager math fn" is the module-level math function called directly; "op.forward_native" is the
+same through the op (what a disabled op runs, with the module's attribute lookups).
+
+    .venv/bin/python -m benchmarks.cpu.layernorm [--dtypes bf16,fp32] [--extra] [--min-time 0.4]
+        [--threads N] [--clock wall|cpu]
+
+Prints a markdown table: microseconds per call as ``p5 / median`` for each path, and the
+speed-ups over eager computed from the 5th percentiles. Every call is timed on its own and the
+three paths take turns call by call in a shuffled order, so that other jobs' load (and the
+cache disturbance one call leaves for the next) falls on all three alike: on a
+shared 2-core machine one preempted OpenMP thread stalls a whole parallel region for a scheduler
+tick (4-24 ms), which swamps a mean or a per-block time. The fast tail is the uncontended cost
+(p5 rather than the minimum, which the thread CPU clock sometimes reads as 0); the median shows
+how much contention there was. ``--threads 1 --clock cpu`` counts only this thread's CPU
+time, which other jobs on the machine barely disturb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from customop.config import Config, use_config
+from customop.ops import layernorm as L
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SHAPES = ((1, 4096), (16, 4096), (256, 4096), (2048, 8192))
+EXTRA_SHAPES = ((16, 4096), (256, 4096))
+
+
+def time_us(fns: list[Callable[[], object]], min_time: float,
+            clock: Callable[[], int] = time.perf_counter_ns) -> list[tuple[float, float]]:
+    """(5th percentile, median) time of one call of each of ``fns`` in microseconds by ``clock``,
+    the functions taking turns, over at least ``min_time`` seconds of wall time."""
+    for fn in fns:
+        for _ in range(3):
+            fn()  # warm-up: compiles, allocator caches
+    times: list[list[float]] = [[] for _ in fns]
+    deadline = time.perf_counter() + min_time
+    order = list(range(len(fns)))
+    shuffle = random.Random(0).shuffle
+    while len(times[0]) < 10 or (time.perf_counter() < deadline and len(times[0]) < 5000):
+        shuffle(order)  # a call right after a compiled one runs ~3-5 us slower: share that out
+        for i in order:
+            start = clock()
+            fns[i]()
+            times[i].append((clock() - start) / 1e3)
+    return [(statistics.quantiles(t, n=20)[0], statistics.median(t)) for t in times]
+
+
+def cases(dtype: torch.dtype, shapes, extra: bool):
+    """(op label, shape, math fn, op, fn args, op args) for each case."""
+    for shape in shapes:
+        h = shape[-1]
+        x, residual = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+        with use_config(Config(custom_ops=["all"])):
+            op = L.RMSNorm(h, dtype=dtype).requires_grad_(False)
+        w = op.weight
+        yield "rms_norm", shape, L.rms_norm, op, (x, w, 1e-6), (x,)
+        yield "fused_add_rms_norm", shape, L.fused_add_rms_norm, op, (x, residual, w, 1e-6), (x, residual)
+    if not extra:
+        return
+    for shape in EXTRA_SHAPES:
+        h = shape[-1]
+        x, z = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+        with use_config(Config(custom_ops=["all"])):
+            gemma = L.GemmaRMSNorm(h).to(dtype).requires_grad_(False)
+            gated = L.RMSNormGated(h, group_size=h // 8, dtype=dtype).requires_grad_(False)
+        yield "gemma_rms_norm", shape, L.gemma_rms_norm, gemma, (x, gemma.weight, 1e-6), (x,)
+        yield ("rms_norm_gated", shape, L.rms_norm_gated, gated,
+               (x, gated.weight, z, 1e-5, h // 8, False, False), (x, z))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="bf16,fp32")
+    parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES),
+                        help="rms_norm / fused_add_rms_norm shapes, e.g. 1x4096,16x4096")
+    parser.add_argument("--extra", action="store_true", help="also gemma_rms_norm and rms_norm_gated")
+    parser.add_argument("--min-time", type=float, default=0.4, help="seconds per measurement")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all cores)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this thread's CPU time (only meaningful with --threads 1)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.thread_time_ns if args.clock == "cpu" else time.perf_counter_ns
+
+    print(f"date {datetime.date.today()}, torch {torch.__version__}, {platform.machine()}, "
+          f"{os.cpu_count()} cores, {torch.get_num_threads()} threads, {args.clock} clock, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    print()
+    print("| op | dtype | shape | eager math fn (us) | op.forward_native (us) | torch.compile (us) | "
+          "forward_cpu (us) | compile x | forward_cpu x | forward_cpu x forward_native |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    with torch.no_grad():
+        for dtype_name in args.dtypes.split(","):
+            dtype = DTYPES[dtype_name]
+            shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
+            for label, shape, fn, op, fn_args, op_args in cases(dtype, shapes, args.extra):
+                # Dynamo caches compiled code per code object, shared by the baseline and
+                # forward_cpu: start each case afresh so that no case meets the recompile limit.
+                torch._dynamo.reset()
+                compiled_fn = torch.compile(fn)  # Inductor defaults: the baseline
+                eager, native, comp, ours = time_us(
+                    [lambda: fn(*fn_args), lambda: op.forward_native(*op_args),
+                     lambda: compiled_fn(*fn_args), lambda: op.forward_cpu(*op_args)], args.min_time, clock)
+                cells = " | ".join(f"{best:.1f} / {median:.1f}" for best, median in (eager, native, comp, ours))
+                print(f"| {label} | {dtype_name} | {'x'.join(map(str, shape))} | {cells} | "
+                      f"{eager[0] / comp[0]:.2f} | {eager[0] / ours[0]:.2f} | {native[0] / ours[0]:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""CPU GEMM paths for the linear layers: F.linear vs oneDNN ``mkldnn._linear_pointwise``.
+
+    .venv/bin/python -m benchmarks.cpu.linear [--quick] [--threads N] [--rounds R] [--clock wall|cpu]
+
+Times eager ``F.linear`` (the native path), ``torch.compile(F.linear)`` and oneDNN's
+``torch.ops.mkldnn._linear_pointwise`` on dense (unpacked) weights, fp32 and bf16, at a few
+(tokens, in, out) shapes. The methods are interleaved inside each round so that drift in this
+shared VM's clock hits all of them alike; the median of the rounds is reported. The table it
+prints goes into benchmarks/results/cpu_linear.md and decides ``customop.ops.linear.cpu_linear``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (128, 4096, 4096), (256, 4096, 4096), (256, 4096, 14336),
+          (16, 1024, 1024), (256, 1024, 1024)]
+QUICK_SHAPES = [(1, 1024, 1024), (16, 1024, 1024), (256, 1024, 1024)]
+
+
+def onednn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+
+def time_interleaved(fns: dict[str, callable], rounds: int, clock=time.perf_counter) -> dict[str, float]:
+    for fn in fns.values():  # warm up (and compile)
+        fn()
+        fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = clock()
+            fn()
+            samples[name].append(clock() - start)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this thread's CPU time (needs --threads 1); robust when other jobs share the "
+                             "cores, since time spent descheduled is not counted")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and torch.get_num_threads() != 1:
+        parser.error("--clock cpu measures one thread; add --threads 1")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    torch.manual_seed(0)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"date {datetime.date.today()}  torch {torch.__version__}  threads {torch.get_num_threads()}  "
+          f"cpu {platform.processor() or platform.machine()}  clock {args.clock}  load average at start {load:.1f}")
+    print("| dtype | tokens x in x out | F.linear ms | compile(F.linear) ms | oneDNN ms | oneDNN speedup "
+          "| GFLOP/s best |")
+    print("|---|---|---|---|---|---|---|")
+    with torch.inference_mode():
+        for dtype in (torch.float32, torch.bfloat16):
+            for m, k, n in (QUICK_SHAPES if args.quick else SHAPES):
+                x = torch.randn(m, k, dtype=dtype)
+                w = (torch.randn(n, k) * k ** -0.5).to(dtype)
+                torch._dynamo.reset()  # a fresh static-shape compile per shape (no recompile limit)
+                compiled_linear = torch.compile(F.linear, dynamic=False)
+                rounds = args.rounds if m * k * n < 2**30 else max(3, args.rounds // 2)
+                t = time_interleaved({
+                    "eager": lambda: F.linear(x, w),
+                    "compile": lambda: compiled_linear(x, w),
+                    "onednn": lambda: onednn(x, w),
+                }, rounds, clock)
+                best = min(t.values())
+                print(f"| {str(dtype).removeprefix('torch.')} | {m}x{k}x{n} | {t['eager'] * 1e3:.2f} | "
+                      f"{t['compile'] * 1e3:.2f} | {t['onednn'] * 1e3:.2f} | {t['eager'] / t['onednn']:.2f}x | "
+                      f"{2 * m * k * n / best / 1e9:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

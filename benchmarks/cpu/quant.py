@@ -1,0 +1,100 @@
+"""CPU paths of QuantFP8: eager native vs ``torch.compile(native)`` vs ``forward_cpu``.
+
+    .venv/bin/python -m benchmarks.cpu.quant [--quick] [--rounds N]
+
+Dynamic per-token and per-group-128 quantization of bf16 activations to e4m3fn. ``eager`` is
+``QuantFP8.forward_native``; ``compile`` is a separate ``torch.compile`` of the spec function
+``quant_fp8`` (default settings: shapes become dynamic after the first recompile);
+``forward_cpu`` is what an enabled QuantFP8 runs on this CPU (compiled above
+``CPU_COMPILE_MIN_NUMEL`` elements, eager below). The three are interleaved inside each round so
+that drift in this shared VM's clock hits them alike; each cell shows the median and the best of
+the rounds, with GB/s counted as bytes read (x) + bytes written (q and scales). The table goes
+into benchmarks/results/cpu_quant.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+from customop import Config, use_config
+from customop.ops.quantization import GroupShape, QuantFP8, input_quant_fp8, quant_fp8
+
+SHAPES = [(1, 128), (1, 4096), (2, 4096), (4, 4096), (16, 4096), (256, 8192), (4096, 8192)]
+QUICK_SHAPES = [(1, 4096), (16, 4096)]
+MODES = {"per-token": GroupShape.PER_TOKEN, "per-group-128": GroupShape(1, 128)}
+
+
+def native(x: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The spec behind its own code object, so that the ``compile`` column's Dynamo cache entries
+    do not share (and crowd) the recompile limit of ``quant_fp8``, which ``forward_cpu`` compiles."""
+    return quant_fp8(x, None, None, **kwargs)
+
+
+def time_interleaved(fns: dict[str, callable], rounds: int) -> dict[str, list[float]]:
+    """Seconds per call, one sample per round for each function, the functions interleaved."""
+    for fn in fns.values():  # warm up (and compile)
+        fn()
+        fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            inner = 1
+            start = time.perf_counter()
+            fn()
+            elapsed = time.perf_counter() - start
+            if elapsed < 1e-3:  # short calls: average a batch so the clock's resolution does not dominate
+                inner = 50
+                start = time.perf_counter()
+                for _ in range(inner):
+                    fn()
+                elapsed = time.perf_counter() - start
+            samples[name].append(elapsed / inner)
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    compiled_native = torch.compile(native)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"date {datetime.date.today()}  torch {torch.__version__}  threads {torch.get_num_threads()}  "
+          f"cpu {platform.processor() or platform.machine()} ({os.cpu_count()} cores)  load average {load:.1f}  "
+          f"CPU_COMPILE_MIN_NUMEL {input_quant_fp8.CPU_COMPILE_MIN_NUMEL}  {args.rounds} rounds")
+    print("Cells: median us (best round us). A busy shared VM inflates medians; the best round is "
+          "closer to the code's own cost.\n")
+    print("| mode | tokens x hidden | eager | compile | forward_cpu | forward_cpu vs eager | GB/s (best) |")
+    print("|---|---|---|---|---|---|---|")
+    with torch.inference_mode():
+        for mode, group_shape in MODES.items():
+            with use_config(Config(custom_ops=["all"])):
+                op = QuantFP8(False, group_shape)
+            for tokens, hidden in (QUICK_SHAPES if args.quick else SHAPES):
+                x = torch.randn(tokens, hidden, dtype=torch.bfloat16)
+                rounds = args.rounds if tokens * hidden < 2**24 else max(5, args.rounds // 3)
+                t = time_interleaved({
+                    "eager": lambda: op.forward_native(x),
+                    "compile": lambda: compiled_native(x, op._math),
+                    "cpu": lambda: op.forward_cpu(x),
+                }, rounds)
+                med = {k: statistics.median(v) for k, v in t.items()}
+                best = {k: min(v) for k, v in t.items()}
+                cell = {k: f"{med[k] * 1e6:.1f} ({best[k] * 1e6:.1f})" for k in t}
+                q, s = op.forward_cpu(x)
+                moved = x.numel() * x.element_size() + q.numel() + s.numel() * 4
+                print(f"| {mode} | {tokens}x{hidden} | {cell['eager']} | {cell['compile']} | {cell['cpu']} | "
+                      f"{med['eager'] / med['cpu']:.2f}x ({best['eager'] / best['cpu']:.2f}x) | "
+                      f"{moved / min(best.values()) / 1e9:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One batched H200 session: environment facts, GPU tests, compute-sanitizer, benchmarks.
+# Usage on the device machine (repo root): bash benchmarks/h200.sh [runner args...]
+# Writes logs and results under $OUT (or ./h200-out).
+set -uo pipefail
+out=${OUT:-h200-out}; mkdir -p "$out"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+unset TRITON_INTERPRET
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+  git rev-parse --short HEAD 2>/dev/null; date -u; } | tee "$out/env.txt"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout 300 python3 -m pytest -m cuda tests/gpu -q -x -p no:cacheprovider 2>&1 | tail -40 | tee "$out/gpu-tests.txt"
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  timeout 420 python3 -m customop.benchmarks.runner --out "$out" "$@" 2>&1 | tee "$out/bench.log" | tail -150
+fi

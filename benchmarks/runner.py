@@ -1,0 +1,466 @@
+"""GPU benchmark runner: every op spec (benchmarks/specs/) against eager native,
+torch.compile(native) and Liger, on the current CUDA device. Usage and method: benchmarks/README.md.
+
+    python -m customop.benchmarks.runner --out DIR [--ops PATTERNS] [--quick] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import fnmatch
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+from customop.benchmarks import specs as specs_pkg
+from customop.benchmarks.runner_output import compact, sweep_report, targets, timer_report, write_outputs
+from customop.benchmarks.specs import OpSpec, Shape
+
+IMPL_ORDER = ("customop", "eager", "compile", "liger")
+NOT_PEERS = ("customop", "eager")
+GRAPH_CALLS = 20
+DEFAULT_TOLERANCE = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3, torch.float32: 1e-4}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+#: --dry-run: the whole pipeline on CPU tensors with the Triton interpreter (checks, tables,
+#: files); times are single wall-clock calls and mean nothing
+_DRY_RUN = False
+#: "queued" (default) or "do_bench" (triton's, which counts host launch gaps): see time_queued
+_TIMER = "queued"
+#: --timer-check: also time customop and compile with triton's do_bench (``us_do_bench``)
+_TIMER_CHECK = False
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- timing ----------------------------------------------------------------------------------
+
+
+def measure_copy_bandwidth() -> float:
+    """GB/s of a 1 GiB device-to-device copy (bytes read + written over the median time)."""
+    if _DRY_RUN:
+        src = torch.randn(1 << 22)
+        t = time.perf_counter()
+        src.clone()
+        return 2 * src.numel() * 4 / (time.perf_counter() - t) / 1e9
+    import triton
+
+    src = torch.randn(1 << 28, device="cuda")  # 2**28 fp32 = 1 GiB
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    del src, dst
+    return 2 * (1 << 30) / (ms * 1e-3) / 1e9
+
+
+def time_do_bench(fn) -> float:
+    """triton's do_bench (median, L2 flushed before each call). Its timed region starts when the
+    device reaches the start event; if the host takes longer to launch ``fn`` than the device takes
+    to run the 256 MB flush before it (~70 us), the device waits inside the timed region and the
+    number is the host's launch time, not the kernel's. Kept for ``--timer do_bench``."""
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median") * 1e3
+
+
+_FLUSH: list[torch.Tensor] = []
+_SLEEP_CYCLES_PER_MS: list[float] = []
+
+
+def _flush_buffer() -> torch.Tensor:
+    if not _FLUSH:  # what do_bench flushes with: 256 MB, four times the H200's L2
+        _FLUSH.append(torch.empty(256 << 20, dtype=torch.int8, device="cuda"))
+    return _FLUSH[0]
+
+
+def _device_sleep(ms: float) -> None:
+    """Holds the current stream for about ``ms`` (a spin kernel), so what is queued after it
+    waits for the device, not for the host."""
+    if not _SLEEP_CYCLES_PER_MS:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        torch.cuda._sleep(2_000_000)
+        end.record()
+        end.synchronize()
+        _SLEEP_CYCLES_PER_MS.append(2_000_000 / max(start.elapsed_time(end), 1e-3))
+    torch.cuda._sleep(max(1, int(ms * _SLEEP_CYCLES_PER_MS[0])))
+
+
+def time_queued(fn, entry: dict | None = None, rep_ms: float = 30.0, max_calls: int = 250) -> float:
+    """us per call, do_bench's way (L2 flushed before every call, events around each call,
+    median) but with the calls queued behind a device sleep long enough that the host has
+    enqueued them before the device gets to them: the device never waits for the host inside a
+    timed region, so the number is the kernels' time whatever the implementation's launch cost
+    in Python. ``entry["host_us"]`` gets that launch cost (host time per flush + call)."""
+    ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+    flush = _flush_buffer()
+    fn()
+    torch.cuda.synchronize()
+    _device_sleep(20.0)
+    start, end = ev(), ev()
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    end.record()
+    host_ms = (time.perf_counter() - t0) * 1e3 / 5
+    torch.cuda.synchronize()
+    device_ms = start.elapsed_time(end) / 5  # flush + call
+    n = int(max(10, min(max_calls, rep_ms / max(device_ms, 1e-3))))
+    starts, ends = [ev() for _ in range(n)], [ev() for _ in range(n)]
+    # the device finishes call i at sleep + i * device_ms, the host enqueues it at i * host_ms
+    _device_sleep(min(3000.0, 1.5 * n * max(0.0, host_ms - device_ms) + 2.0))
+    for s, e in zip(starts, ends):
+        flush.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    if entry is not None:
+        entry["host_us"] = host_ms * 1e3
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+
+
+def time_large(fn, entry: dict | None = None) -> float:
+    return time_do_bench(fn) if _TIMER == "do_bench" else time_queued(fn, entry)
+
+
+def same_size_copy_us(nbytes: int) -> float:
+    """A device-to-device copy moving ``nbytes`` (half read, half written), timed as the ops are:
+    the most any kernel of that traffic can expect (launch, ramp-up and tail included)."""
+    src = torch.empty(max(nbytes // 8, 1), dtype=torch.int32, device="cuda").random_()
+    dst = torch.empty_like(src)
+    us = time_large(lambda: dst.copy_(src))
+    del src, dst
+    return us
+
+
+def time_graph(fns: list, replays: int = 60) -> float:
+    """us per call: GRAPH_CALLS calls (cycling over ``fns``) captured in one CUDA graph, replayed,
+    median replay time / GRAPH_CALLS."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up (compilation, allocator) off the capture
+        for fn in fns[:3]:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for k in range(GRAPH_CALLS):
+            fns[k % len(fns)]()
+    for _ in range(5):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for s, e in zip(starts, ends):
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    del graph
+    return statistics.median(times) * 1e3 / GRAPH_CALLS
+
+
+def _sync() -> None:
+    if not _DRY_RUN:
+        torch.cuda.synchronize()
+
+
+# ---- correctness -----------------------------------------------------------------------------
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def normwise_error(got: Any, want: Any) -> float:
+    """max over outputs of ||got - want|| / ||want|| (fp64 norms); inf on NaN or shape mismatch."""
+    g, w = _tensors(got), _tensors(want)
+    if len(g) != len(w):
+        return float("inf")
+    worst = 0.0
+    for a, b in zip(g, w):
+        if a.shape != b.shape:
+            return float("inf")
+        a64, b64 = a.float().double(), b.float().double()
+        if a64.isnan().any() and not b64.isnan().any():
+            return float("inf")
+        worst = max(worst, float((a64 - b64).norm() / b64.norm().clamp_min(1e-30)))
+    return worst
+
+
+def _fresh(inputs: dict, keys: tuple[str, ...]) -> dict:
+    return {k: (v.clone() if k in keys and isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def _copies(inputs: dict, n: int) -> list[dict]:
+    return [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()} for _ in range(n)]
+
+
+# ---- one case ---------------------------------------------------------------------------------
+
+
+def run_case(spec: OpSpec, shape: Shape, dtype: torch.dtype, impl_names: list[str], l2_bytes: int,
+             copy_gbps: float, sweep: list[tuple[str, dict]] | None = None) -> dict:
+    inputs = spec.make_inputs(shape, dtype, torch.device("cpu" if _DRY_RUN else "cuda"))
+    nbytes = spec.bytes_moved(shape, dtype)
+    row: dict[str, Any] = {"op": spec.name, "family": spec.family, "shape": shape.label, "tokens": shape.tokens,
+                           "hidden": shape.hidden, "bytes": nbytes, "impls": {}}
+    tol = spec.tolerance or DEFAULT_TOLERANCE[dtype]
+    compare = spec.compare or normwise_error
+    ref = spec.impls["eager"](_fresh(inputs, spec.mutates))()
+    _sync()
+    decode = shape.tokens <= 16
+    mode = "graph" if shape.tokens <= 256 else "do_bench"
+    # 16 < tokens <= 256: rotate over input copies whose traffic is 3x the L2, so the timed calls
+    # miss it (decode sizes stay L2-hot, as in a real decode step)
+    sets = 1 if decode or mode == "do_bench" else min(GRAPH_CALLS, max(1, -(-3 * l2_bytes // max(nbytes, 1))))
+    for name in impl_names:
+        factory = spec.impls.get(name)
+        entry: dict[str, Any] = {}
+        row["impls"][name] = entry
+        if factory is None:
+            entry["skipped"] = "no such implementation"
+            continue
+        try:
+            fn = factory(_fresh(inputs, spec.mutates))
+            if fn is None:
+                entry["skipped"] = "not applicable"
+                continue
+            out = fn()
+            _sync()
+            entry["error"] = err = compare(out, ref)
+            entry["ok"] = bool(err <= tol)
+            del out
+            fns = [fn] + [f for f in (factory(c) for c in _copies(inputs, sets - 1)) if f is not None]
+            entry["us"] = _time(fns, mode, entry)
+            if _TIMER_CHECK and mode == "do_bench" and not _DRY_RUN and name in ("customop", "compile"):
+                entry["us_do_bench"] = time_do_bench(fns[0])
+        except Exception as exc:  # one implementation failing must not stop the run
+            entry["failed"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            log(f"{spec.name} {shape.label} {name}: {entry['failed']}")
+            continue
+        entry["gbps"] = nbytes / (entry["us"] * 1e-6) / 1e9
+        entry["pct_copy"] = 100.0 * entry["gbps"] / copy_gbps
+    if mode == "do_bench" and not _DRY_RUN:
+        row["copy_same_us"] = copy_us = same_size_copy_us(nbytes)
+        row["copy_same_gbps"] = nbytes / (copy_us * 1e-6) / 1e9
+    if sweep:
+        row["sweep"] = _sweep(spec, inputs, mode, sets, sweep)
+    row["mode"] = mode if sets == 1 else f"{mode}, {sets} input sets"
+    _summarise(row)
+    del inputs, ref
+    return row
+
+
+def _time(fns: list, mode: str, entry: dict) -> float:
+    if _DRY_RUN:
+        t = time.perf_counter()
+        fns[0]()
+        return (time.perf_counter() - t) * 1e6
+    if mode == "graph":
+        try:
+            return time_graph(fns)
+        except Exception as exc:  # e.g. an implementation that syncs: time it eagerly, say so
+            entry["note"] = f"graph capture failed ({type(exc).__name__}); do_bench"
+            torch.cuda.synchronize()
+    return time_large(fns[0], entry)
+
+
+def _sweep(spec: OpSpec, inputs: dict, mode: str, sets: int, sweep: list[tuple[str, dict]]) -> list[dict]:
+    from customop.backends.triton import _tuning
+
+    factory = spec.impls["customop"]
+    results = []
+    for kind, fields in sweep:
+        with _tuning.override(kind, **fields):
+            try:
+                fns = [factory(c) for c in _copies(inputs, sets)]
+                us = _time(fns, mode, {})
+                results.append({"kind": kind, **fields, "us": us})
+            except Exception as exc:
+                results.append({"kind": kind, **fields, "failed": f"{type(exc).__name__}"})
+    return results
+
+
+def _summarise(row: dict) -> None:
+    mine = row["impls"].get("customop", {})
+    peers = {n: e["us"] for n, e in row["impls"].items() if n not in NOT_PEERS and "us" in e and e.get("ok", True)}
+    if "us" in mine and peers:
+        best = min(peers, key=peers.get)
+        row["best_peer"], row["speedup"] = best, peers[best] / mine["us"]
+
+
+def _environment(args: argparse.Namespace, copy_gbps: float) -> dict:
+    import triton
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:
+        commit = ""
+    try:  # an unpacked wheel carries its dist-info, so this works for --liger-wheel too
+        from importlib.metadata import version
+
+        liger = version("liger_kernel")
+    except Exception:
+        liger = None
+    return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit or None,
+            "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+            "device": "cpu (dry run)" if _DRY_RUN else torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "liger": liger, "python": platform.python_version(), "dtype": args.dtype, "copy_gbps": copy_gbps,
+            "timer": args.timer}
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+
+def select(all_specs: list[OpSpec], patterns: str) -> list[OpSpec]:
+    if not patterns:
+        return all_specs
+    pats = [p.strip() for p in patterns.split(",") if p.strip()]
+
+    def first_match(s: OpSpec) -> int | None:
+        return next((k for k, p in enumerate(pats) if fnmatch.fnmatch(s.name, p) or fnmatch.fnmatch(s.family, p)
+                     or s.name.split("[")[0] == p), None)
+
+    # in the order of the patterns (a budget-limited run does the first ones first)
+    matched = [(k, n, s) for n, s in enumerate(all_specs) if (k := first_match(s)) is not None]
+    return [s for _, _, s in sorted(matched, key=lambda m: m[:2])]
+
+
+def _sweep_plan(spec: OpSpec) -> list[tuple[str, dict]] | None:
+    import importlib
+    import pkgutil
+
+    from customop.backends import triton as triton_backend
+    from customop.backends.triton import _tuning
+
+    op = "customop::" + spec.name.split("[")[0]
+    for info in pkgutil.iter_modules(triton_backend.__path__):
+        module = importlib.import_module(f"{triton_backend.__name__}.{info.name}")
+        kind = getattr(module, "TUNING", {}).get(op)
+        if kind:  # a config kind, or (kind, the alternatives that apply to this op)
+            kind, alternatives = kind if isinstance(kind, tuple) else (kind, _tuning.SWEEP[kind])
+            return [(kind, fields) for fields in alternatives]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", default="", help="comma-separated names / fnmatch patterns (spec name or family)")
+    parser.add_argument("--quick", action="store_true", help="tokens {1, 4096} at the largest hidden only")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--impls", default=",".join(IMPL_ORDER))
+    parser.add_argument("--out", default="", help="folder for results.json, results.md, bandwidth.png")
+    parser.add_argument("--liger-wheel", default=None)
+    parser.add_argument("--sweep", action="store_true", help="also time each tuning alternative of the Triton kernels")
+    parser.add_argument("--budget-s", type=float, default=330.0,
+                        help="start no new shape after this many seconds (results so far are kept)")
+    parser.add_argument("--timer", default="queued", choices=("queued", "do_bench"),
+                        help="tokens > 256: queued (default; kernel time, host launch cost excluded) or triton's do_bench")
+    parser.add_argument("--timer-check", action="store_true",
+                        help="also time customop and compile with triton's do_bench, to compare the timers")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="run the pipeline on CPU (Triton interpreter, tokens <= 4): checks the specs, not speed")
+    args = parser.parse_args(argv)
+
+    global _DRY_RUN, _TIMER, _TIMER_CHECK
+    _DRY_RUN, _TIMER, _TIMER_CHECK = args.dry_run, args.timer, args.timer_check
+    if _DRY_RUN and os.environ.get("TRITON_INTERPRET") != "1":
+        # The interpreter must be chosen before triton is first imported (`import customop`
+        # already imports it through torch), so the dry run restarts itself with it set.
+        argv = sys.argv[1:] if argv is None else argv
+        return subprocess.call([sys.executable, "-m", "customop.benchmarks.runner", *argv],
+                               env=dict(os.environ, TRITON_INTERPRET="1"))
+    all_specs = specs_pkg.load_specs()
+    chosen = select(all_specs, args.ops)
+    if args.list:
+        for s in chosen:
+            print(f"{s.name:28s} {s.family:12s} {len(s.shapes)} shapes: {', '.join(sh.label for sh in s.shapes)}")
+        return 0
+    if not _DRY_RUN and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("runner: TRITON_INTERPRET is set; refusing to time the interpreter", file=sys.stderr)
+        return 2
+    if not _DRY_RUN and not torch.cuda.is_available():
+        print("runner: no CUDA device", file=sys.stderr)
+        return 2
+    if not chosen:
+        print(f"runner: no spec matches {args.ops!r}; known: {[s.name for s in all_specs]}", file=sys.stderr)
+        return 2
+    dtype = DTYPES[args.dtype]
+    impl_names = [n.strip() for n in args.impls.split(",") if n.strip()]
+    specs_pkg.use_liger_wheel(args.liger_wheel)
+    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):  # one static compile per shape and op
+            setattr(torch._dynamo.config, knob, 4096)
+    from customop.backend_loader import load_backend
+
+    import customop.ops  # noqa: F401
+    if _DRY_RUN:
+        from customop.backends import triton as triton_backend
+
+        triton_backend.register_for("cpu")
+    else:
+        load_backend("cuda")
+
+    t0 = time.perf_counter()
+    copy_gbps = measure_copy_bandwidth()
+    env = _environment(args, copy_gbps)
+    log(f"{env['device']}, torch {env['torch']}, triton {env['triton']}, liger {env['liger']}; copy {copy_gbps:.0f} GB/s")
+    l2 = 64 << 20 if _DRY_RUN else getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+    rows: list[dict] = []
+    skipped: list[str] = []
+    for spec in chosen:
+        if dtype not in spec.dtypes:
+            continue
+        plan = _sweep_plan(spec) if args.sweep else None
+        for shape in spec.shapes:
+            if args.quick and not shape.quick:
+                continue
+            if time.perf_counter() - t0 > args.budget_s:
+                skipped.append(f"{spec.name} {shape.label}")
+                continue
+            t1 = time.perf_counter()
+            if _DRY_RUN:
+                shape = dataclasses.replace(shape, tokens=min(shape.tokens, 4), label=f"{shape.label}[dry]")
+            row = run_case(spec, shape, dtype, impl_names, l2, copy_gbps, plan)
+            rows.append(row)
+            mine = row["impls"].get("customop", {})
+            log(f"{spec.name:26s} {shape.label:14s} customop {mine.get('us', float('nan')):8.1f} us "
+                f"{mine.get('pct_copy', 0):4.0f}% copy  speedup {row.get('speedup', float('nan')):.2f}x "
+                f"({time.perf_counter() - t1:.1f} s)")
+        write_outputs(args.out, env, rows, impl_names, copy_gbps, skipped, final=False)
+    write_outputs(args.out, env, rows, impl_names, copy_gbps, skipped, final=True)
+    if args.sweep:
+        print(sweep_report(rows))
+    if _TIMER_CHECK:
+        print(timer_report(rows))
+    text = compact(rows, copy_gbps) + "\n" + targets(rows)  # the targets last: the end of the log
+    if skipped:
+        text += f"\n\nNot run (over --budget-s {args.budget_s:.0f} s): {', '.join(skipped)}"
+    print(text + (f"\n\nEvery column: {args.out}/results.md" if args.out else ""))
+    log(f"done in {time.perf_counter() - t0:.0f} s")
+    bad = [r for r in rows if not r["impls"].get("customop", {}).get("ok", True) or "failed" in r["impls"].get("customop", {})]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

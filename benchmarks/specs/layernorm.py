@@ -1,0 +1,103 @@
+"""Benchmark specs of the norms at tokens {1, 16, 256, 4096, 32768} x hidden {4096, 8192}, weights
+in the activation dtype (as in a model built under that default dtype, Gemma's too). Liger peers:
+rms_norm (llama casting), Gemma (offset 1, gemma casting) and the fused residual add (Liger's
+is out of place)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from customop.benchmarks.specs import HIDDEN, OpSpec, Shape, liger_module, token_shapes
+from customop.benchmarks.specs.activation import impls
+from customop.ops import layernorm as native
+
+EPS = 1e-6
+SHAPES = token_shapes(hidden=HIDDEN)
+GATED_GROUP = 1024  # Mamba2-style groups of the gated norm (hidden / 8 at 8192)
+
+
+def _inputs(shape: Shape, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    t, h = shape.tokens, shape.hidden
+    return {"x": torch.randn(t, h, device=device).to(dtype),
+            "residual": torch.randn(t, h, device=device).to(dtype),
+            "z": torch.randn(t, h, device=device).to(dtype),
+            "weight": (1 + 0.1 * torch.randn(h, device=device)).to(dtype),
+            "gemma_weight": (0.1 * torch.randn(h, device=device)).to(dtype)}
+
+
+def _bytes(reads: int, writes: int):
+    """``reads`` + ``writes`` row-sized tensors, plus the weight once."""
+
+    def count(shape: Shape, dtype: torch.dtype) -> int:
+        return ((reads + writes) * shape.tokens + 1) * shape.hidden * dtype.itemsize
+
+    return count
+
+
+# ---- Liger peers ------------------------------------------------------------------------------
+
+
+def _liger_rms(offset: float, casting: str, weight_key: str):
+    def factory(i):
+        mod = liger_module("rms_norm")
+        if mod is None:
+            return None
+        x, w = i["x"], i[weight_key]
+        if "row_mode" in inspect.signature(mod.rms_norm_forward).parameters:
+            return lambda: mod.rms_norm_forward(x, w, EPS, offset, casting, None)[0]
+        return lambda: mod.rms_norm_forward(x, w, EPS, offset, casting)[0]
+
+    return factory
+
+
+def _liger_fused_add(offset: float, casting: str, weight_key: str):
+    def factory(i):
+        mod = liger_module("fused_add_rms_norm")
+        if mod is None:
+            return None
+        x, r, w = i["x"], i["residual"], i[weight_key]
+        return lambda: mod.fused_add_rms_norm_forward(x, r, w, EPS, offset, casting)[:2]
+
+    return factory
+
+
+def _in_place(op: str, native_fn, weight_key: str, **peers):
+    """The kernel writes x and residual; every implementation returns (out, new residual)."""
+    library_op = getattr(torch.ops.customop, op)
+    table = impls(op, native_fn, lambda i: (i["x"], i["residual"], i[weight_key], EPS), **peers)
+
+    def customop(i):
+        x, r, w = i["x"], i["residual"], i[weight_key]
+
+        def run():
+            library_op(x, r, w, EPS)
+            return x, r
+
+        return run
+
+    table["customop"] = customop
+    return table
+
+
+SPECS = [
+    OpSpec("rms_norm", "layernorm", SHAPES, _inputs, _bytes(1, 1),
+           impls("rms_norm", native.rms_norm, lambda i: (i["x"], i["weight"], EPS),
+                 liger=_liger_rms(0.0, "llama", "weight"))),
+    OpSpec("fused_add_rms_norm", "layernorm", SHAPES, _inputs, _bytes(2, 2),
+           _in_place("fused_add_rms_norm", native.fused_add_rms_norm, "weight",
+                     liger=_liger_fused_add(0.0, "llama", "weight")),
+           mutates=("x", "residual")),
+    OpSpec("gemma_rms_norm", "layernorm", SHAPES, _inputs, _bytes(1, 1),
+           impls("gemma_rms_norm", native.gemma_rms_norm, lambda i: (i["x"], i["gemma_weight"], EPS),
+                 liger=_liger_rms(1.0, "gemma", "gemma_weight"))),
+    OpSpec("gemma_fused_add_rms_norm", "layernorm", SHAPES, _inputs, _bytes(2, 2),
+           _in_place("gemma_fused_add_rms_norm", native.gemma_fused_add_rms_norm, "gemma_weight",
+                     liger=_liger_fused_add(1.0, "gemma", "gemma_weight")),
+           mutates=("x", "residual")),
+    OpSpec("rms_norm_gated", "layernorm", SHAPES, _inputs, _bytes(2, 1),
+           impls("rms_norm_gated", native.rms_norm_gated,
+                 lambda i: (i["x"], i["weight"], i["z"], 1e-5, GATED_GROUP, False, False))),
+]

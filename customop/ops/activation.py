@@ -1,0 +1,477 @@
+"""Activations: gated units (``*_and_mul``) and elementwise GELU variants, with vLLM's class names
+and registered names (research/op-semantics.md D.1).
+
+Gated ops split the last dimension: ``d = x.shape[-1] // 2``, gate ``a = x[..., :d]``, up
+``b = x[..., d:]`` (``swigluoai_and_mul`` interleaves them instead), and return
+``x.shape[:-1] + (d,)``. The spec computes in the input dtype, as vLLM's native paths do;
+forward_cpu's compiled kernels keep bf16/fp16 intermediates in fp32 (Inductor's rule), so they
+round once instead of at every step: closer to float64, not bit-equal to eager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from customop.backend_loader import load_backend
+from customop.custom_op import CustomOp
+
+# ---- the math (the spec; each CustomOp's forward_native calls one of these) -------------------
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU: ``silu(a) * b``."""
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]
+
+
+def mul_and_silu(x: torch.Tensor) -> torch.Tensor:
+    """``a * silu(b)``: the gate is the *second* half."""
+    d = x.shape[-1] // 2
+    return x[..., :d] * F.silu(x[..., d:])
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GeGLU: ``gelu(a, approximate) * b`` with ``approximate`` in {"none", "tanh"}."""
+    d = x.shape[-1] // 2
+    return F.gelu(x[..., :d], approximate=approximate) * x[..., d:]
+
+
+def gelu_and_mul_sparse(x: torch.Tensor, std_multiplier: float, approximate: str = "none") -> torch.Tensor:
+    """Gemma-3n: ``gelu(relu(a - (mean(a) + std(a) * s)), approximate) * b``, row statistics over
+    the last dim (population std), ``s`` the normal quantile of the target sparsity."""
+    d = x.shape[-1] // 2
+    a = x[..., :d]
+    cutoff = a.mean(dim=-1, keepdim=True) + a.std(dim=-1, keepdim=True, correction=0) * std_multiplier
+    return F.gelu(F.relu(a - cutoff), approximate=approximate) * x[..., d:]
+
+
+def fatrelu_and_mul(x: torch.Tensor, threshold: float = 0.0) -> torch.Tensor:
+    """FATReLU: ``(a if a > threshold else 0) * b``."""
+    d = x.shape[-1] // 2
+    return F.threshold(x[..., :d], threshold, 0.0) * x[..., d:]
+
+
+def swigluoai_and_mul(x: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """GPT-OSS SwiGLU on *interleaved* lanes ``g = x[..., 0::2]``, ``u = x[..., 1::2]``:
+    ``g = min(g, limit)``, ``u = clamp(u, -limit, limit)``, result ``(u + 1) * g * sigmoid(alpha * g)``."""
+    return _clamped_swiglu(x[..., ::2], x[..., 1::2], alpha, limit)
+
+
+def _clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def _swigluoai_on_halves(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """swigluoai_and_mul on an input already de-interleaved to ``[gates | ups]`` (the CPU path)."""
+    d = x.shape[-1] // 2
+    return _clamped_swiglu(x[..., :d], x[..., d:], alpha, limit)
+
+
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's GELU: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+    c = math.sqrt(2.0 / math.pi)
+    return 0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def gelu_fast(x: torch.Tensor) -> torch.Tensor:
+    """``0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2)))``: gelu_new with the constant inlined."""
+    return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """``x * sigmoid(1.702 x)``."""
+    return x * torch.sigmoid(1.702 * x)
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """Squared ReLU: ``relu(x)^2``."""
+    return torch.square(F.relu(x))
+
+
+def xielu(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor, beta: float, eps: float) -> torch.Tensor:
+    """xIELU (arXiv 2411.13010): ``alpha_p x^2 + beta x`` for ``x > 0``, else
+    ``alpha_n (expm1(min(x, eps)) - x) + beta x``. ``alpha_p``/``alpha_n`` are 1-element tensors
+    (so no host sync), cast to ``x``'s dtype: the output is always in ``x``'s dtype."""
+    alpha_p, alpha_n = alpha_p.to(x.dtype).reshape(()), alpha_n.to(x.dtype).reshape(())
+    positive = alpha_p * x * x + beta * x
+    negative = (torch.expm1(torch.clamp(x, max=eps)) - x) * alpha_n + beta * x
+    return torch.where(x > 0, positive, negative)
+
+
+# ---- input checks for the kernel-facing paths -------------------------------------------------
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_CPU_DTYPES = (*_KERNEL_DTYPES, torch.float64)
+
+
+def _check_input(op: str, x: Any, *, gated: bool, dtypes: tuple[torch.dtype, ...], contiguous: bool) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"customop {op}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"customop {op}: x has dtype {x.dtype}; supported here: {names}")
+    if x.dim() == 0:
+        raise ValueError(f"customop {op}: x must have at least one dimension, got a 0-dim tensor")
+    if gated and x.shape[-1] % 2:
+        raise ValueError(f"customop {op}: x's last dimension must be even (gate and up halves), "
+                         f"got shape {tuple(x.shape)}")
+    if contiguous and not x.is_contiguous():
+        raise ValueError(f"customop {op}: the device kernel needs a contiguous x (strides "
+                         f"{tuple(x.stride())}); call x.contiguous()")
+
+
+# ---- the CPU path -----------------------------------------------------------------------------
+
+# Input sizes (elements) from which forward_cpu runs Inductor's fused kernel rather than eager,
+# measured in benchmarks/results/cpu_activation.md. A compiled call costs ~15 us of guards and
+# wrapper. Ops that are two or three eager kernels (silu_and_mul, relu2, ...) break even at about
+# 1M elements, once the data outgrows the caches; ops that are many (gelu_new: 8, xielu: 12,
+# the sparse row statistics) win from ~16K.
+FEW_KERNELS_MIN_NUMEL = 1 << 21
+MANY_KERNELS_MIN_NUMEL = 1 << 14
+
+
+def _run_on_cpu(fn: Callable[..., torch.Tensor], x: torch.Tensor, *args: Any, min_numel: float) -> torch.Tensor:
+    """Inductor's fused kernel for inputs of ``min_numel`` elements or more, else eager ``fn``.
+
+    The input is viewed as 2-D and both dims are marked dynamic, so one compiled graph per dtype
+    serves every token count and hidden size (instead of a recompile per rank and size, which
+    would exhaust Dynamo's recompile limit). Under an outer ``torch.compile`` the math is traced
+    into the caller's graph instead."""
+    if torch.compiler.is_compiling() or x.numel() < min_numel or not x.is_contiguous():
+        return fn(x, *args)
+    from customop.backends.cpu import compiled
+
+    rows = x.view(-1, x.shape[-1])
+    torch._dynamo.maybe_mark_dynamic(rows, 0)
+    torch._dynamo.maybe_mark_dynamic(rows, 1)
+    out = compiled(fn)(rows, *args)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+# ---- the ops ----------------------------------------------------------------------------------
+
+
+def _checked_approximate(op: str, approximate: str) -> str:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"{op}: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return approximate
+
+
+#: The backend that a resolved method launches kernels from.
+_BACKEND_OF = {"forward_cuda": "cuda", "forward_hip": "cuda", "forward_xpu": "xpu"}
+
+
+class _Activation(CustomOp):
+    """Shared plumbing. A subclass names its pure function (``math_fn``), whether it is gated,
+    and the arguments after ``x`` (``math_args``); the library op ``torch.ops.customop.<name>``
+    takes the same arguments."""
+
+    math_fn: ClassVar[Callable[..., torch.Tensor]]
+    gated: ClassVar[bool] = False
+    compile_native_default: ClassVar[bool] = False
+    cpu_compile_min_numel: ClassVar[float] = FEW_KERNELS_MIN_NUMEL
+    repr_fields: ClassVar[tuple[str, ...]] = ()  # constructor arguments shown by print(module)
+
+    def __init__(self, *, enforce_enable: bool = False, compile_native: bool | None = None) -> None:
+        if compile_native is None:
+            compile_native = self.compile_native_default
+        super().__init__(enforce_enable=enforce_enable, compile_native=compile_native)
+
+    def math_args(self) -> tuple[Any, ...]:
+        return ()
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{field}={getattr(self, field)!r}" for field in self.repr_fields)
+
+    def dispatch_forward(self, compile_native: bool | None = None) -> Callable[..., Any]:
+        # Import the kernel backend now, not on the first call: that call may be traced by
+        # torch.compile, which cannot trace an import, so forward_cuda skips it there.
+        method = super().dispatch_forward(compile_native)
+        backend = _BACKEND_OF.get(getattr(method, "__name__", ""))
+        if backend is not None:
+            with contextlib.suppress(ImportError):  # an explicit choice fails at call time instead
+                load_backend(backend)
+        return method
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        return type(self).math_fn(x, *self.math_args())
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        _check_input(self.name, x, gated=self.gated, dtypes=_CPU_DTYPES, contiguous=False)
+        if torch.compiler.is_compiling() or x.numel() < self.cpu_compile_min_numel:
+            return type(self).math_fn(x, *self.math_args())  # the common decode case, kept short
+        return _run_on_cpu(type(self).math_fn, x, *self.math_args(), min_numel=0)
+
+    def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
+        return self._library_op(x, "cuda")
+
+    def forward_xpu(self, x: torch.Tensor) -> torch.Tensor:
+        return self._library_op(x, "xpu")
+
+    def _library_op(self, x: torch.Tensor, backend: str) -> torch.Tensor:
+        _check_input(self.name, x, gated=self.gated, dtypes=_KERNEL_DTYPES, contiguous=True)
+        if not torch.compiler.is_compiling():
+            load_backend(backend)  # registers its kernels for torch.ops.customop.* (once)
+        return getattr(torch.ops.customop, self.name)(x, *self.math_args())
+
+
+@CustomOp.register("silu_and_mul")
+class SiluAndMul(_Activation):
+    """SwiGLU, ``silu(x[..., :d]) * x[..., d:]``. Compiles its native path when disabled."""
+
+    math_fn = staticmethod(silu_and_mul)
+    gated = True
+    compile_native_default = True
+
+
+@CustomOp.register("mul_and_silu")
+class MulAndSilu(_Activation):
+    """``x[..., :d] * silu(x[..., d:])``."""
+
+    math_fn = staticmethod(mul_and_silu)
+    gated = True
+
+
+@CustomOp.register("gelu_and_mul")
+class GeluAndMul(_Activation):
+    """GeGLU, ``gelu(x[..., :d], approximate) * x[..., d:]``; ``approximate`` is "none" or "tanh"."""
+
+    math_fn = staticmethod(gelu_and_mul)
+    gated = True
+    repr_fields = ("approximate",)
+
+    def __init__(self, approximate: str = "none", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.approximate = _checked_approximate(type(self).__name__, approximate)
+
+    def math_args(self) -> tuple[Any, ...]:
+        return (self.approximate,)
+
+
+@CustomOp.register("gelu_and_mul_sparse")
+class GeluAndMulSparse(_Activation):
+    """Gemma-3n's GeGLU that keeps only gate values above a per-row Gaussian percentile.
+
+    ``activation_sparsity`` (0 < p < 1; vLLM rejects only 0) becomes the std multiplier
+    ``Phi^-1(p)`` once, here. Row statistics are local to a tensor-parallel shard, as in vLLM."""
+
+    math_fn = staticmethod(gelu_and_mul_sparse)
+    gated = True
+    cpu_compile_min_numel = MANY_KERNELS_MIN_NUMEL
+    repr_fields = ("activation_sparsity", "approximate")
+
+    def __init__(self, activation_sparsity: float, approximate: str = "none", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.approximate = _checked_approximate(type(self).__name__, approximate)
+        if activation_sparsity == 0.0:
+            raise ValueError("GeluAndMulSparse: activation_sparsity is 0.0; use GeluAndMul")
+        if not 0.0 < activation_sparsity < 1.0:
+            raise ValueError(f"GeluAndMulSparse: activation_sparsity must be in (0, 1), got {activation_sparsity}")
+        self.activation_sparsity = activation_sparsity
+        normal = torch.distributions.Normal(0.0, 1.0)
+        self.std_multiplier = normal.icdf(torch.tensor(activation_sparsity, dtype=torch.float32))
+        self._std_multiplier = float(self.std_multiplier)  # a Python float: no host sync per call
+
+    def math_args(self) -> tuple[Any, ...]:
+        return (self._std_multiplier, self.approximate)
+
+
+@CustomOp.register("fatrelu_and_mul")
+class FatreluAndMul(_Activation):
+    """FATReLU (MiniCPM-S): ``(a if a > threshold else 0) * b``."""
+
+    math_fn = staticmethod(fatrelu_and_mul)
+    gated = True
+    repr_fields = ("threshold",)
+
+    def __init__(self, threshold: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.threshold = float(threshold)
+
+    def math_args(self) -> tuple[Any, ...]:
+        return (self.threshold,)
+
+
+@CustomOp.register("swigluoai_and_mul")
+class SwigluOAIAndMul(_Activation):
+    """GPT-OSS's clamped SwiGLU on interleaved (gate, up) lanes."""
+
+    math_fn = staticmethod(swigluoai_and_mul)
+    gated = True
+    repr_fields = ("alpha", "limit")
+
+    def __init__(self, alpha: float = 1.702, limit: float = 7.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.alpha = float(alpha)
+        self.limit = float(limit)
+
+    def math_args(self) -> tuple[Any, ...]:
+        return (self.alpha, self.limit)
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        # Inductor's CPU code loads stride-2 lanes one element at a time (2x slower than eager,
+        # measured), so large inputs are de-interleaved to [gates | ups] once, in eager, and the
+        # compiled math runs on contiguous halves (2x faster than eager).
+        _check_input(self.name, x, gated=True, dtypes=_CPU_DTYPES, contiguous=False)
+        if torch.compiler.is_compiling() or x.numel() < self.cpu_compile_min_numel:
+            return swigluoai_and_mul(x, self.alpha, self.limit)
+        halves = x.unflatten(-1, (-1, 2)).transpose(-1, -2).contiguous().flatten(-2)
+        return _run_on_cpu(_swigluoai_on_halves, halves, self.alpha, self.limit, min_numel=0)
+
+
+@CustomOp.register("gelu_new")
+class NewGELU(_Activation):
+    """GPT-2's tanh GELU, elementwise."""
+
+    math_fn = staticmethod(gelu_new)
+    cpu_compile_min_numel = MANY_KERNELS_MIN_NUMEL
+
+
+@CustomOp.register("gelu_fast")
+class FastGELU(_Activation):
+    """The tanh GELU with the constant inlined, elementwise."""
+
+    math_fn = staticmethod(gelu_fast)
+    cpu_compile_min_numel = MANY_KERNELS_MIN_NUMEL
+
+
+@CustomOp.register("quick_gelu")
+class QuickGELU(_Activation):
+    """``x * sigmoid(1.702 x)``, elementwise."""
+
+    math_fn = staticmethod(quick_gelu)
+
+
+@CustomOp.register("relu2")
+class ReLUSquaredActivation(_Activation):
+    """``relu(x)^2`` (arXiv 2109.08668). Compiles its native path when disabled."""
+
+    math_fn = staticmethod(relu2)
+    compile_native_default = True
+
+
+@CustomOp.register("xielu")
+class XIELU(_Activation):
+    """xIELU with trainable ``alpha_p``/``alpha_n`` stored in inverse-softplus form, so that
+    ``softplus(alpha_p) == alpha_p_init`` and ``beta + softplus(alpha_n) == alpha_n_init`` (up to
+    the rounding of ``dtype``, bf16 by default as in vLLM). ``beta`` and ``eps`` are buffers of
+    ``dtype`` too; the op uses their rounded values."""
+
+    math_fn = staticmethod(xielu)
+    cpu_compile_min_numel = MANY_KERNELS_MIN_NUMEL
+
+    def __init__(self, alpha_p_init: float = 0.8, alpha_n_init: float = 0.8, beta: float = 0.5,
+                 eps: float = -1e-6, dtype: torch.dtype = torch.bfloat16,
+                 with_vector_loads: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+
+        def inverse_softplus(value: float) -> torch.Tensor:  # log(exp(v) - 1), in dtype like vLLM
+            return torch.log(torch.exp(torch.tensor(value, dtype=dtype)) - 1).unsqueeze(0)
+
+        self.alpha_p = nn.Parameter(inverse_softplus(alpha_p_init))
+        self.alpha_n = nn.Parameter(inverse_softplus(alpha_n_init - beta))
+        self.register_buffer("beta", torch.tensor(beta, dtype=dtype))
+        self.register_buffer("eps", torch.tensor(eps, dtype=dtype))
+        self.with_vector_loads = with_vector_loads  # vLLM's CUDA-extension flag; no effect here
+        self._read_scalars()
+
+    def _read_scalars(self) -> None:
+        # beta and eps reach the kernel as host floats, read here rather than per call (a sync)
+        self._beta, self._eps = float(self.beta), float(self.eps)
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._read_scalars()  # a checkpoint may carry its own beta/eps buffers
+
+    def math_args(self) -> tuple[Any, ...]:
+        return (F.softplus(self.alpha_p), self.beta + F.softplus(self.alpha_n), self._beta, self._eps)
+
+    def _library_op(self, x: torch.Tensor, backend: str) -> torch.Tensor:
+        if self.alpha_p.device != x.device:
+            raise ValueError(f"customop xielu: x is on {x.device} but the parameters are on "
+                             f"{self.alpha_p.device}; move the module with .to(x.device)")
+        return super()._library_op(x, backend)
+
+
+# ---- factories: one shared instance per name, built on first use (vLLM's LazyDict) ------------
+
+
+class _SharedInstances(Mapping[str, nn.Module]):
+    """name -> module, built by its factory on first access and cached for the process. Every
+    layer asking for "silu" gets the same module, dispatched under the config current then."""
+
+    def __init__(self, factories: dict[str, Callable[..., nn.Module]]) -> None:
+        self.factories = factories
+        self._built: dict[str, nn.Module] = {}
+
+    def __getitem__(self, name: str) -> nn.Module:
+        if name not in self._built:
+            self._built[name] = self.factories[name]()
+        return self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.factories)
+
+    def __len__(self) -> int:
+        return len(self.factories)
+
+    def clear(self) -> None:
+        """Drops the built instances (tests; or after changing the config)."""
+        self._built.clear()
+
+
+ACTIVATIONS = _SharedInstances({
+    "gelu": nn.GELU,
+    "gelu_fast": FastGELU,
+    "gelu_new": NewGELU,
+    "gelu_pytorch_tanh": lambda: nn.GELU(approximate="tanh"),
+    "relu": nn.ReLU,
+    "relu2": ReLUSquaredActivation,
+    "silu": nn.SiLU,
+    "quick_gelu": QuickGELU,
+    "tanh": nn.Tanh,
+    "sigmoid": nn.Sigmoid,
+    "xielu": XIELU,
+})
+
+ACTIVATIONS_AND_MUL = _SharedInstances({
+    "gelu": GeluAndMul,
+    "geglu": GeluAndMul,
+    "silu": SiluAndMul,
+    "swigluoai": SwigluOAIAndMul,
+})
+
+
+def get_act_fn(act_fn_name: str) -> nn.Module:
+    """The shared activation module for a model config's name (case-insensitive). A
+    ``torch.nn.modules.<...>.<Name>`` path maps to ``<name>``; its ``Identity`` is a new module."""
+    name = act_fn_name.lower()
+    if name.startswith("torch.nn.modules."):
+        name = name.rsplit(".", 1)[-1]
+        if name == "identity":
+            return nn.Identity()
+    if name not in ACTIVATIONS:
+        raise ValueError(f"get_act_fn: activation {act_fn_name!r} is not supported; known: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def get_act_and_mul_fn(act_fn_name: str, **kwargs: Any) -> nn.Module:
+    """The shared gated activation for a name (case-insensitive). With keyword arguments
+    (e.g. ``compile_native=False``, or ``alpha=`` for swigluoai) a new, unshared module is built."""
+    name = act_fn_name.lower()
+    if name not in ACTIVATIONS_AND_MUL:
+        raise ValueError(f"get_act_and_mul_fn: activation {act_fn_name!r} is not supported; "
+                         f"known: {sorted(ACTIVATIONS_AND_MUL)}")
+    if kwargs:
+        return ACTIVATIONS_AND_MUL.factories[name](**kwargs)
+    return ACTIVATIONS_AND_MUL[name]

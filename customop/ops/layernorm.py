@@ -1,0 +1,358 @@
+"""Norms: RMSNorm (+ fused residual add), GemmaRMSNorm, RMSNormGated.
+
+The math follows vLLM (research/op-semantics.md D.2), including the rounding order, because
+checkpoints are trained against it: plain RMSNorm casts the normalised fp32 value to the *weight*
+dtype before multiplying (HF Llama numerics), Gemma multiplies by ``1 + w`` in fp32 and casts last,
+and the gated norm does everything in fp32.
+
+In-place contract (fused residual add): the kernel paths (``forward_cuda``/``forward_hip``/
+``forward_xpu``) write the normalised output into ``x`` and the new residual into ``residual`` and
+return those two tensors; ``forward_native`` and ``forward_cpu`` return new tensors and leave the
+inputs alone. Either may happen, so **callers must use the returned tensors**.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from customop.backend_loader import load_backend
+from customop.backends.cpu import compiled
+from customop.custom_op import CustomOp
+
+# ---- the math (the readable spec) ------------------------------------------------------------
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+             variance_size: int | None = None) -> torch.Tensor:
+    """``y = x / sqrt(mean(x[..., :V]^2) + eps)`` in fp32 (``V`` = ``variance_size`` or the full
+    last dim); with a weight ``y = y.to(w.dtype) * w`` (multiply in the weight dtype); returns
+    ``y`` in x's dtype."""
+    xf = x.float()
+    x_var = xf if variance_size is None else xf[..., :variance_size]
+    y = xf * torch.rsqrt(x_var.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y.to(weight.dtype) * weight
+    return y.to(x.dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                       eps: float, variance_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = fp32(x) + fp32(residual)``; returns ``(rms_norm(h) in x's dtype, h in x's dtype)``.
+    The unrounded fp32 sum is what gets normalised."""
+    h = x.float() + residual.float()
+    return rms_norm(h, weight, eps, variance_size).to(x.dtype), h.to(x.dtype)
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``y = x / sqrt(mean(x^2) + eps) * (1 + w)``, all in fp32, cast to x's dtype at the end
+    (Gemma stores ``w`` as an offset from 1)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (y * (1.0 + weight.float())).to(x.dtype)
+
+
+def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = fp32(x) + fp32(residual)``; returns ``(gemma_rms_norm(h) in x's dtype, h in x's dtype)``."""
+    h = x.float() + residual.float()
+    return gemma_rms_norm(h, weight, eps).to(x.dtype), h.to(x.dtype)
+
+
+def rms_norm_gated(x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None, eps: float,
+                   group_size: int, norm_before_gate: bool, sigmoid: bool) -> torch.Tensor:
+    """All in fp32, ``act = sigmoid if sigmoid else silu``:
+    ``norm_before_gate=False``: ``y = rms(x * act(z)) * w``; ``True``: ``y = rms(x) * w * act(z)``.
+    ``rms`` normalises each chunk of ``group_size`` lanes separately (``group_size = hidden`` is
+    the plain norm). Without ``z`` there is no gate. Returns ``y`` in x's dtype."""
+    xf = x.float()
+    gate = None if z is None else (torch.sigmoid(z.float()) if sigmoid else F.silu(z.float()))
+    if gate is not None and not norm_before_gate:
+        xf = xf * gate
+    groups = xf.unflatten(-1, (-1, group_size))
+    y = (groups * torch.rsqrt(groups.pow(2).mean(dim=-1, keepdim=True) + eps)).flatten(-2)
+    y = y * weight.float()
+    if gate is not None and norm_before_gate:
+        y = y * gate
+    return y.to(x.dtype)
+
+
+# ---- input checks (kernel-facing paths) ------------------------------------------------------
+
+
+def _check_float(op: str, arg: str, t: torch.Tensor) -> None:
+    if not t.is_floating_point():
+        raise TypeError(f"customop.{op}: {arg} must be a floating-point tensor, got {t.dtype}")
+
+
+def _check_like(op: str, arg: str, t: torch.Tensor, x: torch.Tensor) -> None:
+    """``t`` must be a float tensor with x's shape, dtype and device."""
+    _check_float(op, arg, t)
+    if t.device != x.device:
+        raise ValueError(f"customop.{op}: {arg} is on {t.device} but x is on {x.device}")
+    if t.shape != x.shape:
+        raise ValueError(f"customop.{op}: {arg} has shape {tuple(t.shape)}, expected x's {tuple(x.shape)}")
+    if t.dtype != x.dtype:
+        raise TypeError(f"customop.{op}: {arg} has dtype {t.dtype}, expected x's {x.dtype}")
+
+
+def _check_norm_inputs(op: str, hidden_size: int, x: torch.Tensor, weight: torch.Tensor | None,
+                       others: dict[str, torch.Tensor | None]) -> None:
+    """x is float with last dim ``hidden_size``; weight is float ``[hidden_size]`` on x's device;
+    each of ``others`` (residual, z) matches x."""
+    _check_float(op, "x", x)
+    if x.dim() == 0 or x.shape[-1] != hidden_size:
+        raise ValueError(f"customop.{op}: x has shape {tuple(x.shape)}, expected [..., {hidden_size}]")
+    if weight is not None:
+        _check_float(op, "weight", weight)
+        if weight.device != x.device:
+            raise ValueError(f"customop.{op}: weight is on {weight.device} but x is on {x.device}")
+        if weight.shape != (hidden_size,):
+            raise ValueError(f"customop.{op}: weight has shape {tuple(weight.shape)}, expected ({hidden_size},)")
+    for arg, t in others.items():
+        if t is not None:
+            _check_like(op, arg, t, x)
+
+
+@torch.compiler.assume_constant_result
+def _load_backend(name: str) -> bool:
+    """``load_backend(name)``, traceable: dynamo cannot trace ``importlib`` (a graph break, fatal
+    under ``fullgraph=True``), so it runs this once at trace time and keeps the constant result;
+    the device kernels are then registered before the compiled graph first runs."""
+    load_backend(name)
+    return True
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    # The kernels read rows with unit stride; a copy is cheaper than a strided kernel variant.
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+# ---- CPU path ----------------------------------------------------------------------------------
+
+#: Below this many elements eager wins: a compiled call has a floor of ~18 us (guards, launch, an
+#: OpenMP region) plus ~2.5 us of this wrapper, about what the whole eager op costs on a few
+#: thousand elements. Measured on the 2-core CI box (benchmarks/results/cpu_layernorm.md): in
+#: bf16/fp16, where eager also pays separate cast kernels, compiled wins from one 4096-wide token;
+#: in fp32 it ties up to 4x4096 and wins from 16x4096.
+CPU_COMPILE_MIN_NUMEL = 4096
+CPU_COMPILE_MIN_NUMEL_FP32 = 32768
+
+
+#: RMSNorm's ``y.to(w.dtype) * w`` must round y to bf16/fp16 before the multiply (HF Llama), but
+#: Inductor fuses the cast away unless told to emulate eager's casts; without it 26% of bf16 outputs
+#: differ by one ulp from forward_native (measured on 64x512). Emulation costs time (bf16 256x4096:
+#: 475 vs 285 us on one thread) yet stays well ahead of eager; the other norms cast only once, at
+#: the end, and compile plainly. ``backends.cpu.compiled`` takes no Inductor options, hence this
+#: cache of its own (one compiled artifact per math function).
+_EMULATE_CASTS = {"emulate_precision_casts": True}
+_compiled_with_casts: dict = {}
+
+
+def _compiled_keeping_casts(fn):
+    out = _compiled_with_casts.get(fn)
+    if out is None:
+        out = _compiled_with_casts[fn] = torch.compile(fn, options=_EMULATE_CASTS)
+    return out
+
+
+def _cpu(fn, compile_fn=compiled):
+    """``compile_fn(fn)`` (Inductor), or eager ``fn`` for small inputs (CPU_COMPILE_MIN_NUMEL*).
+
+    The compiled code always sees 2-D rows (x and every tensor shaped like x are flattened), so
+    each dtype costs one static and one dynamic compile whatever the callers' ranks; this also
+    keeps a mixed-rank caller under dynamo's recompile limit."""
+
+    def run(x: torch.Tensor, *args):
+        min_numel = CPU_COMPILE_MIN_NUMEL_FP32 if x.dtype == torch.float32 else CPU_COMPILE_MIN_NUMEL
+        if x.numel() < min_numel or torch.compiler.is_compiling():
+            return fn(x, *args)  # inside a caller's torch.compile, the caller's Inductor fuses fn
+        if x.dim() == 2:  # the usual [tokens, hidden]: skip the reshapes (~5 us)
+            return compile_fn(fn)(x, *args)
+        shape = x.shape
+        rows = [a.reshape(-1, shape[-1]) if isinstance(a, torch.Tensor) and a.shape == shape else a
+                for a in (x, *args)]
+        out = compile_fn(fn)(*rows)
+        if isinstance(out, tuple):
+            return tuple(t.view(shape) for t in out)
+        return out.view(shape)
+
+    return run
+
+
+_cpu_rms_norm = _cpu(rms_norm, _compiled_keeping_casts)
+_cpu_fused_add_rms_norm = _cpu(fused_add_rms_norm, _compiled_keeping_casts)
+_cpu_gemma_rms_norm = _cpu(gemma_rms_norm)
+_cpu_gemma_fused_add_rms_norm = _cpu(gemma_fused_add_rms_norm)
+_cpu_rms_norm_gated = _cpu(rms_norm_gated)
+
+
+# ---- the ops -----------------------------------------------------------------------------------
+
+
+@CustomOp.register("rms_norm")
+class RMSNorm(CustomOp):
+    """Root-mean-square norm (Llama), optionally fused with the residual add.
+
+    ``forward(x)`` returns the normalised ``x``; ``forward(x, residual)`` computes
+    ``h = x + residual`` and returns ``(rms_norm(h), h)``. The kernel paths write those results
+    into ``x`` and ``residual`` and return them; the native and CPU paths return new tensors:
+    **callers must use the returned tensors**.
+
+    ``var_hidden_size`` (when it differs from ``hidden_size``) computes the variance over the
+    first ``var_hidden_size`` lanes only; the kernels do not support it, so that case, and the
+    fused case with a weight whose dtype differs from x's, run ``forward_native`` everywhere.
+    ``has_weight=False`` normalises without a weight.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, var_hidden_size: int | None = None,
+                 has_weight: bool = True, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.variance_size_override = None if var_hidden_size in (None, hidden_size) else var_hidden_size
+        if self.variance_size_override is not None and not 0 < self.variance_size_override <= hidden_size:
+            raise ValueError(f"customop.rms_norm: var_hidden_size={var_hidden_size} must be in (0, {hidden_size}]")
+        self.has_weight = has_weight
+        weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype)) if has_weight else None
+        self.register_parameter("weight", weight)
+
+    def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps, self.variance_size_override)
+        return fused_add_rms_norm(x, residual, self.weight, self.eps, self.variance_size_override)
+
+    def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return _cpu_rms_norm(x, self.weight, self.eps, self.variance_size_override)
+        return _cpu_fused_add_rms_norm(x, residual, self.weight, self.eps, self.variance_size_override)
+
+    def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return self._forward_kernel("cuda", x, residual)
+
+    def forward_xpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return self._forward_kernel("xpu", x, residual)
+
+    def forward_tpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return load_backend("tpu").torch_ops.rms_norm(x, residual, self.weight, self.eps, self.variance_size_override)
+
+    def _forward_kernel(self, backend: str, x: torch.Tensor, residual: torch.Tensor | None):
+        _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
+        mixed_weight = self.weight is not None and self.weight.dtype != x.dtype
+        if self.variance_size_override is not None or (residual is not None and mixed_weight):
+            return self.forward_native(x, residual)
+        _load_backend(backend)
+        if residual is None:
+            return torch.ops.customop.rms_norm(_last_dim_contiguous(x), self.weight, self.eps)
+        x, residual = _last_dim_contiguous(x), _last_dim_contiguous(residual)
+        torch.ops.customop.fused_add_rms_norm(x, residual, self.weight, self.eps)
+        return x, residual
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, eps={self.eps}, var_hidden_size={self.variance_size_override}, has_weight={self.has_weight}"
+
+
+@CustomOp.register("gemma_rms_norm")
+class GemmaRMSNorm(CustomOp):
+    """Gemma's RMSNorm: the weight is stored as an offset (init zeros) and applied as ``1 + w``,
+    in fp32, before the single cast to x's dtype. The residual add is done in fp32 and the new
+    residual is returned in x's dtype. Same in-place contract as ``RMSNorm``: the kernel paths
+    write into ``x`` and ``residual``, the native and CPU paths return new tensors; **callers must
+    use the returned tensors**."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(hidden_size))
+
+    def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return gemma_rms_norm(x, self.weight, self.eps)
+        return gemma_fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+    def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return _cpu_gemma_rms_norm(x, self.weight, self.eps)
+        return _cpu_gemma_fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+    def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return self._forward_kernel("cuda", x, residual)
+
+    def forward_xpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return self._forward_kernel("xpu", x, residual)
+
+    def forward_tpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return load_backend("tpu").torch_ops.gemma_rms_norm(x, residual, self.weight, self.eps)
+
+    def _forward_kernel(self, backend: str, x: torch.Tensor, residual: torch.Tensor | None):
+        _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
+        _load_backend(backend)
+        if residual is None:
+            return torch.ops.customop.gemma_rms_norm(_last_dim_contiguous(x), self.weight, self.eps)
+        x, residual = _last_dim_contiguous(x), _last_dim_contiguous(residual)
+        torch.ops.customop.gemma_fused_add_rms_norm(x, residual, self.weight, self.eps)
+        return x, residual
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, eps={self.eps}"
+
+
+_GATE_ACTIVATIONS = {"swish": False, "silu": False, "sigmoid": True}  # name -> uses sigmoid
+
+
+@CustomOp.register("rms_norm_gated")
+class RMSNormGated(CustomOp):
+    """RMSNorm with an optional gate ``act(z)`` (Mamba2 / gated delta-net), all math in fp32.
+
+    ``norm_before_gate=False`` (the constructor default; vLLM's static helper defaults to True):
+    ``rms(x * act(z)) * w``; ``True``: ``rms(x) * w * act(z)``. ``act`` is silu (``"swish"`` or
+    ``"silu"``) or sigmoid. ``group_size`` normalises each chunk of that many lanes separately
+    (``None``: the whole row). The weight starts at ones; there is no bias. Never in place.
+    ``dtype`` is the weight's dtype (vLLM accepts it too).
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: int | None = None,
+                 norm_before_gate: bool = False, activation: str = "swish",
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if activation not in _GATE_ACTIVATIONS:
+            raise ValueError(f"customop.rms_norm_gated: activation={activation!r} is not one of {sorted(_GATE_ACTIVATIONS)}")
+        group_size = hidden_size if group_size is None else group_size
+        if group_size <= 0 or hidden_size % group_size:
+            raise ValueError(f"customop.rms_norm_gated: group_size={group_size} must divide hidden_size={hidden_size}")
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.group_size = group_size
+        self.norm_before_gate = norm_before_gate
+        self.activation = activation
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+
+    def _args(self, x: torch.Tensor, z: torch.Tensor | None) -> tuple:
+        return (x, self.weight, z, self.eps, self.group_size, self.norm_before_gate, _GATE_ACTIVATIONS[self.activation])
+
+    def forward_native(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        return rms_norm_gated(*self._args(x, z))
+
+    def forward_cpu(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        return _cpu_rms_norm_gated(*self._args(x, z))
+
+    def forward_cuda(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        return self._forward_kernel("cuda", x, z)
+
+    def forward_xpu(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        return self._forward_kernel("xpu", x, z)
+
+    def forward_tpu(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        return load_backend("tpu").torch_ops.rms_norm_gated(*self._args(x, z))
+
+    def _forward_kernel(self, backend: str, x: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
+        _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"z": z})
+        _load_backend(backend)
+        z = None if z is None else _last_dim_contiguous(z)
+        return torch.ops.customop.rms_norm_gated(*self._args(_last_dim_contiguous(x), z))
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, eps={self.eps}, group_size={self.group_size}, "
+                f"norm_before_gate={self.norm_before_gate}, activation={self.activation!r}")

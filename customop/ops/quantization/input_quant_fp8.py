@@ -1,0 +1,263 @@
+"""QuantFP8 (``quant_fp8``): activation quantization to fp8, static or dynamic, per tensor, per
+token or per group (research/op-semantics.md D.4; the math is in ``quant_math``).
+
+Paths:
+
+- ``forward_native``: ``quant_fp8`` below, the spec (``compile_native=True`` by default, as in
+  vLLM: a disabled QuantFP8 runs compiled native).
+- ``forward_cpu``: compiled native above ``CPU_COMPILE_MIN_NUMEL`` elements, eager below
+  (benchmarks/results/cpu_quant.md).
+- ``forward_cuda`` / ``forward_xpu``: the ``torch.ops.customop`` kernel entry points
+  (``customop/ops/_library/quant.py``) on a ``[T, H]`` contiguous view. Shapes without an entry
+  point run ``forward_native``: static scales with more than one element (per token, per channel,
+  per group). ``num_token_padding`` and ``tma_aligned_scales`` are done in Python around the
+  kernel call, at the cost of one extra copy of ``q`` (resp. the scales).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from customop.backend_loader import load_backend
+from customop.backends.cpu import compiled
+from customop.custom_op import CustomOp
+from customop.ops.quantization import quant_math as qm
+from customop.ops.quantization.fp8 import current_fp8_dtype, fp8_max, fp8_min_scale
+from customop.ops.quantization.group_shape import GroupShape
+
+#: Below this many elements forward_cpu stays eager (benchmarks/results/cpu_quant.md). On a quiet
+#: 2-core CPU compiled wins from about 4x4096 (by ~10 us), but a dynamic-shape Inductor kernel
+#: always opens an OpenMP region, and on a busy machine waiting for the second thread cost
+#: milliseconds per call at 2x4096-4x4096, where eager runs single-threaded. From 16x4096 up
+#: both use the threads and compiled is 2-8x faster.
+CPU_COMPILE_MIN_NUMEL = 1 << 16
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: The backend whose import registers the device kernels a resolved method launches.
+_BACKEND_OF = {"forward_cuda": "cuda", "forward_hip": "cuda", "forward_xpu": "xpu"}
+
+
+def _worth_compiling(x: torch.Tensor) -> bool:
+    """Big enough for Inductor's fused code to repay its call overhead, and not already being
+    traced (under an outer torch.compile the math joins the caller's graph)."""
+    return x.numel() >= CPU_COMPILE_MIN_NUMEL and not torch.compiler.is_compiling()
+
+
+def quant_fp8(x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tensor | None, *,
+              group_shape: GroupShape, num_token_padding: int | None, column_major_scales: bool,
+              tma_aligned_scales: bool, use_ue8m0: bool, fp8_dtype: torch.dtype, fp8_max: float,
+              min_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole op. A given ``scale`` is static (broadcast to the group shape), else the scale is
+    computed per tensor, per token or per group. ``q``'s leading dim is zero-padded to
+    ``num_token_padding``. Returns ``(q, scale)``."""
+    if scale is not None:
+        full = qm.static_group_scales(scale, group_shape.col, x.shape[-1]) if group_shape.is_per_group() else scale
+        q = qm.scaled_fp8_quant(x, full, fp8_dtype, fp8_max)
+    elif group_shape.is_per_group():
+        q, scale = qm.per_token_group_fp8_quant(x, group_shape.col, column_major_scales, use_ue8m0,
+                                                fp8_dtype, fp8_max, min_scale)
+        if tma_aligned_scales:
+            scale = qm.tma_align_scales(scale)
+    elif group_shape.is_per_token():
+        q, scale = qm.dynamic_per_token_scaled_fp8_quant(x, scale_ub, fp8_dtype, fp8_max, min_scale)
+    else:
+        q, scale = qm.dynamic_scaled_fp8_quant(x, fp8_dtype, fp8_max, min_scale)
+    return qm.pad_tokens(q, num_token_padding), scale
+
+
+def _check_config(static: bool, group_shape: GroupShape, num_token_padding: int | None,
+                  column_major_scales: bool, tma_aligned_scales: bool, use_ue8m0: bool) -> None:
+    where = "QuantFP8"
+    known = group_shape.is_per_tensor() or group_shape.is_per_token() or group_shape.is_per_group()
+    if not (known or (static and group_shape.is_per_channel())):
+        raise ValueError(f"{where}: group_shape {tuple(group_shape)} is not supported "
+                         f"{'statically' if static else 'dynamically'}; use PER_TENSOR, PER_TOKEN, "
+                         "(1, G) per group" + (", or PER_CHANNEL" if static else " (PER_CHANNEL is static only)"))
+    dynamic_group = not static and group_shape.is_per_group()
+    for arg, value in (("column_major_scales", column_major_scales), ("use_ue8m0", use_ue8m0),
+                       ("tma_aligned_scales", tma_aligned_scales)):
+        if value and not dynamic_group:
+            raise ValueError(f"{where}: {arg}=True applies to dynamic per-group quantization only")
+    if tma_aligned_scales and not column_major_scales:
+        raise ValueError(f"{where}: tma_aligned_scales=True needs column_major_scales=True")
+    if num_token_padding is not None and (isinstance(num_token_padding, bool)
+                                          or not isinstance(num_token_padding, int) or num_token_padding < 0):
+        raise ValueError(f"{where}: num_token_padding must be a non-negative int or None, got {num_token_padding!r}")
+
+
+@CustomOp.register("quant_fp8")
+class QuantFP8(CustomOp):
+    """``QuantFP8(static, group_shape, ...)``; ``forward(x, scale=None, scale_ub=None) -> (q, scale)``.
+
+    - ``static``: the caller passes ``scale`` (float32; numel 1 per tensor, ``[..., T, 1]`` per
+      token, ``[H]`` per channel, ``[..., T, ceil(H/G)]`` per group); else it is computed.
+    - ``scale_ub`` (dynamic per-token only, one element) caps each row's amax.
+    - ``num_token_padding``: ``q``'s leading dim is zero-padded up to it (the scale is not).
+    - per group only: ``column_major_scales``, ``tma_aligned_scales`` (the column-major storage's
+      token dim rounded up to a multiple of 4), ``use_ue8m0`` (``None`` means False: there is no
+      DeepGEMM to ask).
+    - The fp8 dtype is the platform's (``Platform.fp8_dtype()``), fixed at construction.
+    """
+
+    def __init__(self, static: bool, group_shape: GroupShape | tuple[int, int], num_token_padding: int | None = None,
+                 column_major_scales: bool = False, tma_aligned_scales: bool = False,
+                 use_ue8m0: bool | None = None, compile_native: bool = True) -> None:
+        super().__init__(compile_native=compile_native)
+        group_shape = GroupShape(*group_shape)
+        use_ue8m0 = bool(use_ue8m0)
+        _check_config(static, group_shape, num_token_padding, column_major_scales, tma_aligned_scales, use_ue8m0)
+        self.static = static
+        self.group_shape = group_shape
+        self.num_token_padding = num_token_padding
+        self.column_major_scales = column_major_scales
+        self.tma_aligned_scales = tma_aligned_scales
+        self.use_ue8m0 = use_ue8m0
+        self.fp8_dtype = current_fp8_dtype()
+        self.fp8_max = fp8_max(self.fp8_dtype)
+        self.min_scale = fp8_min_scale(self.fp8_dtype)
+        self._math: dict[str, Any] = dict(
+            group_shape=group_shape, num_token_padding=num_token_padding, column_major_scales=column_major_scales,
+            tma_aligned_scales=tma_aligned_scales, use_ue8m0=use_ue8m0, fp8_dtype=self.fp8_dtype,
+            fp8_max=self.fp8_max, min_scale=self.min_scale)
+
+    @property
+    def is_group_quant(self) -> bool:
+        return self.group_shape.is_per_group()
+
+    def extra_repr(self) -> str:
+        return (f"static={self.static}, group_shape={tuple(self.group_shape)}, fp8_dtype={self.fp8_dtype}, "
+                f"num_token_padding={self.num_token_padding}, column_major_scales={self.column_major_scales}, "
+                f"use_ue8m0={self.use_ue8m0}")
+
+    # ---- paths --------------------------------------------------------------------------------
+
+    def forward_native(self, x: torch.Tensor, scale: torch.Tensor | None = None,
+                       scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check_call(x, scale, scale_ub)  # the call contract (scale iff static), not the math
+        return quant_fp8(x, scale, scale_ub, **self._math)
+
+    def forward_cpu(self, x: torch.Tensor, scale: torch.Tensor | None = None,
+                    scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check_call(x, scale, scale_ub)
+        if not _worth_compiling(x):
+            return quant_fp8(x, scale, scale_ub, **self._math)
+        # A fresh view with dynamic token and hidden dims: one compiled graph per mode and dtype
+        # serves every size (a recompile per size would soon hit Dynamo's recompile limit).
+        x = x.view(x.shape)
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+        torch._dynamo.maybe_mark_dynamic(x, x.dim() - 1)
+        return compiled(quant_fp8)(x, scale, scale_ub, **self._math)
+
+    def forward_cuda(self, x: torch.Tensor, scale: torch.Tensor | None = None,
+                     scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if not torch.compiler.is_compiling():  # an import cannot be traced; dispatch_forward did it
+            load_backend("cuda")
+        return self._forward_kernels(x, scale, scale_ub)
+
+    def forward_xpu(self, x: torch.Tensor, scale: torch.Tensor | None = None,
+                    scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if not torch.compiler.is_compiling():
+            load_backend("xpu")
+        return self._forward_kernels(x, scale, scale_ub)
+
+    def forward_tpu(self, x: torch.Tensor, scale: torch.Tensor | None = None,
+                    scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return load_backend("tpu").torch_ops.quant_fp8(x, scale, scale_ub, static=self.static,
+                                                       native=self.forward_native, **self._math)
+
+    def dispatch_forward(self, compile_native: bool | None = None) -> Callable[..., Any]:
+        # Import the kernel backend at construction, not on the first call, which torch.compile
+        # may be tracing (it cannot trace an import).
+        method = super().dispatch_forward(compile_native)
+        backend = _BACKEND_OF.get(getattr(method, "__name__", ""))
+        if backend is not None:
+            with contextlib.suppress(ImportError):  # an explicit choice fails at call time instead
+                load_backend(backend)
+        return method
+
+    def _forward_kernels(self, x: torch.Tensor, scale: torch.Tensor | None,
+                         scale_ub: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Runs the ``torch.ops.customop`` entry point of this mode on a ``[T, H]`` contiguous view
+        (a copy only if ``x`` is not contiguous) and restores ``x``'s leading dims."""
+        self._check_call(x, scale, scale_ub, kernel=True)
+        if scale is not None and scale.numel() != 1:
+            return self.forward_native(x, scale, scale_ub)  # static non-scalar scales: no kernel
+        ops = torch.ops.customop
+        lead, hidden = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, hidden).contiguous()
+        if scale is not None:
+            q = ops.static_scaled_fp8_quant(x2, scale, self.fp8_dtype, self.fp8_max)
+        elif self.is_group_quant:
+            q, scale = ops.per_token_group_fp8_quant(x2, self.group_shape.col, self.column_major_scales,
+                                                     self.use_ue8m0, self.fp8_dtype, self.fp8_max, self.min_scale)
+            scale = scale.view(lead + (hidden // self.group_shape.col,))
+            if self.tma_aligned_scales:
+                scale = qm.tma_align_scales(scale)  # an extra copy of the (small) scales
+        elif self.group_shape.is_per_token():
+            q, scale = ops.dynamic_per_token_scaled_fp8_quant(x2, scale_ub, self.fp8_dtype, self.fp8_max,
+                                                              self.min_scale)
+            scale = scale.view(lead + (1,))
+        else:
+            q, scale = ops.dynamic_scaled_fp8_quant(x2, self.fp8_dtype, self.fp8_max, self.min_scale)
+        # Padding is an extra copy of q; a kernel writing into a padded buffer would avoid it.
+        return qm.pad_tokens(q.view(x.shape), self.num_token_padding), scale
+
+    # ---- input checks -------------------------------------------------------------------------
+
+    def _check_call(self, x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tensor | None,
+                    kernel: bool = False) -> None:
+        where = "QuantFP8"
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype.itemsize == 1:
+            raise TypeError(f"{where}: x must be a floating-point (not fp8) tensor, got "
+                            f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+        if kernel and x.dtype not in _KERNEL_DTYPES:
+            raise TypeError(f"{where}: the kernels take x in float32, float16 or bfloat16, got {x.dtype}")
+        if x.dim() == 0:
+            raise ValueError(f"{where}: x must have at least one dimension")
+        if (scale is not None) != self.static:
+            raise ValueError(f"{where}: scale must be given iff static=True (static={self.static}, "
+                             f"scale={'given' if scale is not None else 'None'})")
+        if scale is not None:
+            self._check_static_scale(x, scale, kernel)
+        if scale_ub is not None:
+            if self.static or not self.group_shape.is_per_token():
+                raise ValueError(f"{where}: scale_ub applies to dynamic per-token quantization only "
+                                 f"(static={self.static}, group_shape={tuple(self.group_shape)})")
+            if scale_ub.numel() != 1 or not scale_ub.is_floating_point():
+                raise ValueError(f"{where}: scale_ub must be a floating tensor with one element, "
+                                 f"got {scale_ub.dtype} of shape {tuple(scale_ub.shape)}")
+            if scale_ub.device != x.device:
+                raise ValueError(f"{where}: scale_ub is on {scale_ub.device}, x on {x.device}")
+        if self.column_major_scales and x.dim() < 2:
+            raise ValueError(f"{where}: column_major_scales needs x with at least 2 dims, got {tuple(x.shape)}")
+        if kernel and self.is_group_quant and not self.static and x.shape[-1] % self.group_shape.col:
+            raise ValueError(f"{where}: the kernel path needs x.shape[-1] ({x.shape[-1]}) to be a multiple "
+                             f"of the group size {self.group_shape.col}")
+
+    def _check_static_scale(self, x: torch.Tensor, scale: torch.Tensor, kernel: bool) -> None:
+        where = "QuantFP8"
+        if not scale.is_floating_point() or (kernel and scale.dtype != torch.float32):
+            raise TypeError(f"{where}: scale must be float32, got {scale.dtype}")
+        if scale.device != x.device:
+            raise ValueError(f"{where}: scale is on {scale.device}, x on {x.device}")
+        if scale.numel() == 1 and not self.is_group_quant:
+            return
+        hidden, shape = x.shape[-1], tuple(scale.shape)
+        if self.group_shape.is_per_tensor():
+            want = "one element"
+        elif self.group_shape.is_per_token():
+            want = "shape x.shape[:-1] + (1,)"
+            ok = shape == tuple(x.shape[:-1]) + (1,)
+        elif self.group_shape.is_per_channel():
+            want = f"shape ({hidden},) or (1, {hidden})"
+            ok = shape in ((hidden,), (1, hidden))
+        else:
+            groups = -(-hidden // self.group_shape.col)
+            want = f"shape x.shape[:-1] + ({groups},)"
+            ok = shape == tuple(x.shape[:-1]) + (groups,)
+        if self.group_shape.is_per_tensor() or not ok:
+            raise ValueError(f"{where}: static {tuple(self.group_shape)} scale must have {want}, got {shape}")

@@ -1,0 +1,37 @@
+"""Rotary position embeddings: ``RotaryEmbedding`` and its scaling variants, ``get_rope``,
+``ApplyRotaryEmb`` and ``DualChunkRotaryEmbedding`` (vLLM's class and registered names).
+
+One module per role: ``common`` (the pure math and input checks), ``base`` (the op),
+one module per scaling variant, ``apply_rotary``, ``dual_chunk``, ``factory`` (``get_rope``).
+"""
+
+from customop.ops.rotary_embedding.common import apply_rotary_emb, rotary_embedding, rotate
+from customop.ops.rotary_embedding.base import RotaryEmbedding
+from customop.ops.rotary_embedding.apply_rotary import ApplyRotaryEmb
+from customop.ops.rotary_embedding.linear_scaling import LinearScalingRotaryEmbedding
+from customop.ops.rotary_embedding.dynamic_ntk import DynamicNTKScalingRotaryEmbedding
+from customop.ops.rotary_embedding.yarn import YaRNScalingRotaryEmbedding, yarn_get_mscale
+from customop.ops.rotary_embedding.llama3 import Llama3RotaryEmbedding
+from customop.ops.rotary_embedding.deepseek_yarn import DeepseekScalingRotaryEmbedding
+from customop.ops.rotary_embedding.mrope import MRotaryEmbedding
+from customop.ops.rotary_embedding.dual_chunk import DualChunkRotaryEmbedding
+from customop.ops.rotary_embedding.factory import ROPE_TYPES, clear_rope_cache, get_rope
+
+__all__ = [
+    "ApplyRotaryEmb",
+    "DeepseekScalingRotaryEmbedding",
+    "DualChunkRotaryEmbedding",
+    "DynamicNTKScalingRotaryEmbedding",
+    "Llama3RotaryEmbedding",
+    "LinearScalingRotaryEmbedding",
+    "MRotaryEmbedding",
+    "ROPE_TYPES",
+    "RotaryEmbedding",
+    "YaRNScalingRotaryEmbedding",
+    "apply_rotary_emb",
+    "clear_rope_cache",
+    "get_rope",
+    "rotary_embedding",
+    "rotate",
+    "yarn_get_mscale",
+]

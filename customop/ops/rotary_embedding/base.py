@@ -1,0 +1,146 @@
+"""``RotaryEmbedding`` (``rotary_embedding``): RoPE with a precomputed cos/sin cache.
+
+The scaling variants (linear, dynamic NTK, YaRN, Llama-3, DeepSeek-YaRN) are unregistered
+subclasses that only override ``_compute_inv_freq`` / ``_compute_cos_sin_cache``; they share the
+``rotary_embedding`` enable name and every forward path.
+
+In-place contract: ``forward_native`` (and ``forward_cpu``) return NEW tensors and leave
+``query``/``key`` untouched; the kernel paths (``forward_cuda``, ``forward_hip``,
+``forward_xpu``) rotate ``query`` and ``key`` IN PLACE and return those same objects. Callers
+must use the returned tensors and must not rely on either behaviour.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from customop.backend_loader import load_backend
+from customop.custom_op import CustomOp
+from customop.ops.rotary_embedding import common
+
+Tensor = torch.Tensor
+
+#: Token counts below this run eager on the CPU. Compiled code won from a single token on
+#: (1 token, 32+8 heads of 128: ~20 us vs ~45 us eager; eager runs ~15 ATen ops, the compiled
+#: function one fused loop), so only empty inputs stay eager (benchmarks/results/cpu_rotary.md).
+CPU_COMPILE_MIN_TOKENS = 1
+
+
+def load_kernel_backend(name: str) -> bool:
+    """``load_backend(name)`` (which registers the device kernels of ``torch.ops.customop.*``),
+    traceable: Dynamo cannot trace ``importlib``, so it runs this once while tracing and keeps the
+    constant result; the kernels are registered before the compiled graph first runs."""
+    load_backend(name)
+    return True
+
+
+# What torch.compiler.assume_constant_result sets. Calling that at import time would import
+# torch._dynamo, which imports triton: `import customop` must not (tests/core/test_import_boundary).
+# A renamed attribute would show as a graph break in test_compile_fullgraph_kernel_path.
+load_kernel_backend._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def buffer_like(module: torch.nn.Module, name: str, query: Tensor) -> Tensor:
+    """Buffer ``name`` on the query's device and dtype. Outside compiled regions the buffer itself
+    is replaced (once); inside, Dynamo must not mutate the module, so the cast stays local."""
+    cache = getattr(module, name)
+    if cache.device == query.device and cache.dtype == query.dtype:
+        return cache
+    cache = cache.to(query.device, dtype=query.dtype)
+    if not torch.compiler.is_compiling():
+        setattr(module, name, cache)  # nn.Module keeps it a (non-persistent) buffer
+    return cache
+
+
+@CustomOp.register("rotary_embedding")
+class RotaryEmbedding(CustomOp):
+    """Rotary position embedding (RoFormer, arXiv:2104.09864) on query and key heads.
+
+    Args:
+        head_size: lanes per head; ``query``/``key`` view as ``[T, -1, head_size]``.
+        rotary_dim: the leading lanes of each head that rotate (even, ``<= head_size``).
+        max_position_embeddings: rows of the cache (positions must be below it).
+        base: the RoPE theta; ``inv_freq[i] = base^(-2i / rotary_dim)``.
+        is_neox_style: pair the two halves (NeoX) or even/odd lanes (GPT-J).
+        dtype: the cache's dtype at construction.
+        init_cache: build the cache now (subclasses that need more fields first pass False).
+
+    ``cos_sin_cache`` (``[max_pos, rotary_dim]`` = ``cat(cos, sin)``, a non-persistent buffer) is
+    moved and cast to the query's device and dtype on first use, outside compiled regions.
+    See the module docstring for the in-place contract.
+    """
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float,
+                 is_neox_style: bool, dtype: torch.dtype, init_cache: bool = True) -> None:
+        super().__init__()
+        common.check_rotary_dims(type(self).__name__, head_size, rotary_dim)
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position_embeddings = max_position_embeddings
+        self.base = base
+        self.is_neox_style = is_neox_style
+        self.dtype = dtype
+        self.cos_sin_cache: Tensor
+        if init_cache:
+            self.register_buffer("cos_sin_cache", self._compute_cos_sin_cache().to(dtype), persistent=False)
+
+    # ---- the cache (what the scaling variants override) ----------------------------------------
+
+    def _compute_inv_freq(self, base: float) -> Tensor:
+        return common.rope_inv_freq(base, self.rotary_dim)
+
+    def _compute_cos_sin_cache(self) -> Tensor:
+        t = torch.arange(self.max_position_embeddings, dtype=torch.float)
+        return common.cos_sin_cache(t, self._compute_inv_freq(self.base))
+
+    def _cache_for(self, query: Tensor) -> Tensor:
+        return buffer_like(self, "cos_sin_cache", query)
+
+    # ---- forwards ------------------------------------------------------------------------------
+
+    def forward_native(self, positions: Tensor, query: Tensor,
+                       key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Returns NEW rotated tensors; ``query`` and ``key`` are left untouched."""
+        return common.rotary_embedding(positions, query, key, self.head_size, self._cache_for(query),
+                                       self.is_neox_style)
+
+    def forward_cpu(self, positions: Tensor, query: Tensor,
+                    key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Compiled native math (``customop.backends.cpu.compiled``); NEW tensors."""
+        cache = self._cache_for(query)
+        common.check_rotary_inputs("rotary_embedding", positions, query, key, self.head_size, cache)
+        fn = common.rotary_embedding
+        if positions.numel() >= CPU_COMPILE_MIN_TOKENS and not torch.compiler.is_compiling():
+            from customop.backends.cpu import compiled
+
+            fn = compiled(common.rotary_embedding)
+        return fn(positions, query, key, self.head_size, cache, self.is_neox_style)
+
+    def forward_cuda(self, positions: Tensor, query: Tensor,
+                     key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Rotates ``query`` and ``key`` IN PLACE with the CUDA kernel and returns them."""
+        load_kernel_backend("cuda")
+        return self._forward_kernel(positions, query, key)
+
+    def forward_xpu(self, positions: Tensor, query: Tensor,
+                    key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Rotates ``query`` and ``key`` IN PLACE with the XPU kernel and returns them."""
+        load_kernel_backend("xpu")
+        return self._forward_kernel(positions, query, key)
+
+    def forward_tpu(self, positions: Tensor, query: Tensor,
+                    key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Pallas kernel through torch_xla; NEW tensors (query and key stay untouched)."""
+        return load_backend("tpu").torch_ops.rotary_embedding(positions, query, key, self.head_size, self._cache_for(query), self.is_neox_style)
+
+    def _forward_kernel(self, positions: Tensor, query: Tensor,
+                        key: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        cache = self._cache_for(query)
+        common.check_rotary_inputs("rotary_embedding", positions, query, key, self.head_size, cache)
+        torch.ops.customop.rotary_embedding(positions, query, key, self.head_size, cache, self.is_neox_style)
+        return query, key
+
+    def extra_repr(self) -> str:
+        return (f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
+                f"max_position_embeddings={self.max_position_embeddings}, base={self.base}, "
+                f"is_neox_style={self.is_neox_style}")

@@ -1,0 +1,68 @@
+"""Sample inputs for the norms family (``assert_conforms`` and ``customop check``).
+
+Weights are random (not the ones/zeros init) so that a path which ignores or misplaces the weight
+fails. Shapes: a single token, odd sizes, and one 3-D input; all small enough to run eagerly in
+``forward_cpu`` except the last, which crosses ``CPU_COMPILE_MIN_NUMEL`` to cover the compiled path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from customop.ops.layernorm import CPU_COMPILE_MIN_NUMEL
+from customop.testing import Sample, randn, register_samples
+
+#: (leading dims, hidden)
+_SHAPES = (((1,), 64), ((5,), 97), ((2, 3), 128))
+_LARGE = ((CPU_COMPILE_MIN_NUMEL // 1024 + 3,), 1024)
+
+
+def _rand(shape, dtype, device, gen) -> torch.Tensor:
+    return randn(*shape, dtype=dtype, device=device, generator=gen)
+
+
+@register_samples("rms_norm")
+def rms_norm_samples(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sample]:
+    samples = []
+    for lead, h in (*_SHAPES, _LARGE):
+        x, residual = _rand((*lead, h), dtype, device, gen), _rand((*lead, h), dtype, device, gen)
+        state = {"weight": _rand((h,), dtype, device, gen)}
+        init = {"hidden_size": h, "dtype": dtype}
+        samples.append(Sample(init, (x,), state=state, label=f"x{tuple(x.shape)}"))
+        samples.append(Sample(init, (x, residual), state=state, label=f"x{tuple(x.shape)}+residual"))
+    x = _rand((3, 96), dtype, device, gen)
+    samples.append(Sample({"hidden_size": 96, "var_hidden_size": 64, "dtype": dtype}, (x,),
+                          state={"weight": _rand((96,), dtype, device, gen)}, label="var_hidden_size=64"))
+    samples.append(Sample({"hidden_size": 96, "has_weight": False}, (x, x.flip(0)), label="has_weight=False+residual"))
+    samples.append(Sample({"hidden_size": 96}, (x, x.flip(0)), state={"weight": _rand((96,), torch.float32, device, gen)},
+                          label="fp32 weight+residual"))
+    return samples
+
+
+@register_samples("gemma_rms_norm")
+def gemma_rms_norm_samples(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sample]:
+    samples = []
+    for lead, h in (*_SHAPES, _LARGE):
+        x, residual = _rand((*lead, h), dtype, device, gen), _rand((*lead, h), dtype, device, gen)
+        state = {"weight": _rand((h,), torch.float32, device, gen) * 0.5}  # offsets around 0
+        samples.append(Sample({"hidden_size": h}, (x,), state=state, label=f"x{tuple(x.shape)}"))
+        samples.append(Sample({"hidden_size": h}, (x, residual), state=state, label=f"x{tuple(x.shape)}+residual"))
+    return samples
+
+
+@register_samples("rms_norm_gated")
+def rms_norm_gated_samples(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sample]:
+    samples = []
+    variants = (
+        {"group_size": None, "norm_before_gate": False, "activation": "swish"},
+        {"group_size": 32, "norm_before_gate": True, "activation": "sigmoid"},
+        {"group_size": 16, "norm_before_gate": False, "activation": "silu"},
+    )
+    for (lead, _), variant in zip(_SHAPES, variants):
+        h = 128  # divisible by every group size above
+        x, z = _rand((*lead, h), dtype, device, gen), _rand((*lead, h), dtype, device, gen)
+        init = {"hidden_size": h, "dtype": dtype, **variant}
+        state = {"weight": _rand((h,), dtype, device, gen)}
+        samples.append(Sample(init, (x, z), state=state, label=f"x{tuple(x.shape)} {variant}"))
+        samples.append(Sample(init, (x,), state=state, label=f"x{tuple(x.shape)} no z {variant}"))
+    return samples

@@ -1,0 +1,186 @@
+"""Compiles the activation and norm kernels for a real GPU (sm_90, the H200) on a machine with
+no GPU, and reports what the machine code looks like.
+
+The interpreter accepts programs the GPU compiler rejects (loop-carried type changes, shape
+mismatches in untaken branches) and says nothing about speed; this compiles every kernel variant
+the launchers can pick and reads registers, local memory (spills) and how many global accesses
+are 16 bytes wide. ``test_aot_compile.py`` runs it in a subprocess (the kernels must be imported
+with ``TRITON_INTERPRET=0``); by hand:
+
+    TRITON_INTERPRET=0 python -m tests.backends.triton.aot_check [--target cuda:90] [--only TEXT]
+
+``--target hip:gfx942`` (MI300) compiles through Triton's AMD backend instead; the resource and
+vector-width report is NVIDIA-only (it reads PTX and the cubin). ``--one-per-kernel`` compiles the
+first case of each kernel only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    sys.exit("aot_check: run with TRITON_INTERPRET=0 (compiling needs real JIT functions)")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from customop.backends.triton import activation as act  # noqa: E402
+from customop.backends.triton import layernorm as norm  # noqa: E402
+
+# (label, kernel, {arg: type}, {constexpr: value}, num_warps, args known to be multiples of 16)
+P = "*bf16"
+
+
+def _norm_sig(x=P, w=P):
+    return {"x_ptr": x, "res_ptr": x, "out_ptr": x, "w_ptr": w, "n_rows": "i32", "n_cols": "i32",
+            "x_stride": "i32", "res_stride": "i32", "out_stride": "i32", "eps": "fp32"}
+
+
+def _norm_const(res=False, weight=True, gemma=False, single=True, bm=1, bn=8192, stages=1):
+    return {"HAS_RESIDUAL": res, "HAS_WEIGHT": weight, "GEMMA": gemma, "SINGLE_TILE": single,
+            "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages}
+
+
+ALIGNED_NORM = ("x_ptr", "res_ptr", "out_ptr", "w_ptr", "n_cols", "x_stride", "res_stride", "out_stride")
+_GATED_SIG = {"x_ptr": P, "z_ptr": P, "out_ptr": P, "w_ptr": P, "n_rows": "i32", "group_size": "i32",
+              "x_stride": "i32", "z_stride": "i32", "out_stride": "i32", "eps": "fp32"}
+_AND_MUL_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
+                "gate_offset": "i32", "up_offset": "i32", "threshold": "fp32"}
+_OAI_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
+            "alpha": "fp32", "limit": "fp32"}
+_SPARSE_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
+               "std_multiplier": "fp32"}
+_UNARY_SIG = {"x_ptr": P, "out_ptr": P, "numel": "i32", "alpha_p_ptr": "*fp32", "alpha_n_ptr": "*fp32",
+              "beta": "fp32", "eps": "fp32"}
+ROW_ALIGNED = ("x_ptr", "out_ptr", "d", "x_stride", "out_stride", "gate_offset", "up_offset")
+
+
+def cases():
+    k = norm._rms_norm_kernel
+    yield "rms_norm 8192", k, _norm_sig(), _norm_const(), 16, ALIGNED_NORM
+    yield "rms_norm 128x32rows", k, _norm_sig(), _norm_const(bm=32, bn=128), 4, ALIGNED_NORM
+    yield "rms_norm 32768", k, _norm_sig(), _norm_const(bn=32768), 32, ALIGNED_NORM
+    yield "rms_norm noweight 8192", k, _norm_sig(), _norm_const(weight=False), 16, ALIGNED_NORM
+    yield "rms_norm fp32 weight", k, _norm_sig(w="*fp32"), _norm_const(), 16, ALIGNED_NORM
+    yield "rms_norm unaligned 4231", k, _norm_sig(), _norm_const(), 16, ("x_ptr", "res_ptr", "out_ptr", "w_ptr")
+    yield "rms_norm looped", k, _norm_sig(), _norm_const(single=False), 16, ALIGNED_NORM
+    yield "fused_add 8192", k, _norm_sig(), _norm_const(res=True), 16, ALIGNED_NORM
+    yield "rms_norm persistent 8192", k, _norm_sig(), _norm_const(stages=2), 16, ALIGNED_NORM
+    yield "fused_add persistent 4096", k, _norm_sig(), _norm_const(res=True, bn=4096, stages=2), 8, ALIGNED_NORM
+    yield "fused_add fp32 4096", k, _norm_sig(x="*fp32", w="*fp32"), _norm_const(res=True, bn=4096), 8, ALIGNED_NORM
+    yield "fused_add looped", k, _norm_sig(), _norm_const(res=True, single=False), 16, ALIGNED_NORM
+    yield "gemma 8192", k, _norm_sig(w="*fp32"), _norm_const(gemma=True), 16, ALIGNED_NORM
+    yield "gemma fused_add", k, _norm_sig(), _norm_const(res=True, gemma=True), 16, ALIGNED_NORM
+    g = norm._rms_norm_gated_kernel
+    gal = ("x_ptr", "z_ptr", "out_ptr", "w_ptr", "group_size", "x_stride", "z_stride", "out_stride")
+    for z, nbg, sig in ((True, False, False), (True, True, True)):
+        const = {"HAS_Z": z, "NORM_BEFORE_GATE": nbg, "SIGMOID": sig, "SINGLE_TILE": True, "BLOCK_M": 1, "BLOCK_N": 8192}
+        yield f"gated z={z} nbg={nbg} sigmoid={sig}", g, _GATED_SIG, const, 16, gal
+    const = {"HAS_Z": True, "NORM_BEFORE_GATE": False, "SIGMOID": False, "SINGLE_TILE": True, "BLOCK_M": 4, "BLOCK_N": 1024}
+    yield "gated group 1024 x4 rows", g, _GATED_SIG, const, 4, gal
+    const = {"HAS_Z": True, "NORM_BEFORE_GATE": True, "SIGMOID": False, "SINGLE_TILE": False, "BLOCK_M": 1, "BLOCK_N": 8192}
+    yield "gated looped", g, _GATED_SIG, const, 16, gal
+    for name, code in (("silu", act.SILU), ("gelu", act.GELU), ("fatrelu", act.FATRELU)):
+        yield f"and_mul {name} 1x2048", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": code.value, "BLOCK_M": 1, "BLOCK_N": 2048}, 4, ROW_ALIGNED
+    yield "and_mul silu 1x512", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": act.SILU.value, "BLOCK_M": 1, "BLOCK_N": 512}, 1, ROW_ALIGNED
+    yield "and_mul silu 16x128", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": act.SILU.value, "BLOCK_M": 16, "BLOCK_N": 128}, 4, ROW_ALIGNED
+    yield "swigluoai 1x2048", act._swigluoai_kernel, _OAI_SIG, {"BLOCK_M": 1, "BLOCK_N": 2048}, 4, ROW_ALIGNED
+    for approx in (False, True):
+        yield (f"gelu_sparse 16384 tanh={approx}", act._gelu_sparse_kernel, _SPARSE_SIG,
+               {"APPROX_TANH": approx, "SINGLE_TILE": True, "BLOCK_M": 1, "BLOCK_N": 16384}, 32, ROW_ALIGNED)
+    yield ("gelu_sparse looped", act._gelu_sparse_kernel, _SPARSE_SIG,
+           {"APPROX_TANH": False, "SINGLE_TILE": False, "BLOCK_M": 1, "BLOCK_N": 8192}, 16, ROW_ALIGNED)
+    for name in ("GELU_NEW", "QUICK_GELU", "XIELU"):
+        yield (f"unary {name.lower()} 4096", act._unary_kernel, _UNARY_SIG, {"ACT": getattr(act, name).value, "BLOCK": 4096},
+               8, ("x_ptr", "out_ptr", "numel", "alpha_p_ptr", "alpha_n_ptr"))
+    yield ("unary gelu_new 4096 i64 numel", act._unary_kernel, dict(_UNARY_SIG, numel="i64"),
+           {"ACT": act.GELU_NEW.value, "BLOCK": 4096}, 8, ("x_ptr", "out_ptr", "numel"))
+
+
+def _resource_usage(cubin: bytes, ptx: str, arch: int) -> dict[str, int]:
+    """Registers from the cubin; spill bytes from ``ptxas -v`` on the PTX (the cubin's stack
+    frame size also counts frames that are not spills)."""
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "--dump-resource-usage", f.name],
+                              capture_output=True, text=True).stdout
+    usage = {key.lower(): int(val) for key, val in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", text)}
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        for tool in ("ptxas-blackwell", "ptxas"):  # the one that accepts this PTX version
+            path = os.path.join(bin_dir, tool)
+            if not os.path.exists(path):
+                continue
+            out = subprocess.run([path, f"-arch=sm_{arch}a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
+            found = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out.stderr)
+            if out.returncode == 0 and found:
+                usage["spill_bytes"] = int(found.group(1)) + int(found.group(2))
+                break
+    return usage
+
+
+def compile_one(kernel, sig, const, warps, aligned, target):
+    fn = kernel if isinstance(kernel, triton.runtime.jit.JITFunction) else kernel.fn
+    sig = dict(sig)
+    for name in const:
+        sig[name] = "constexpr"
+    names = fn.arg_names
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned if a in names}
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+    backend, arch = target.split(":")
+    if backend == "hip":  # a wavefront is 64 lanes: half the warps for the same threads
+        compiled = triton.compile(src, target=GPUTarget("hip", arch, 64), options={"num_warps": max(1, warps // 2)})
+        return {"compiled": sorted(compiled.asm)}
+    compiled = triton.compile(src, target=GPUTarget("cuda", int(arch), 32), options={"num_warps": warps})
+    ptx = compiled.asm["ptx"]
+    usage = _resource_usage(compiled.asm["cubin"], ptx, int(arch))
+    return {
+        "regs": usage.get("reg"), "local_bytes": usage.get("local", 0), "spill_bytes": usage.get("spill_bytes"),
+        "shared": usage.get("shared", 0),
+        "ld": len(re.findall(r"\bld\.global", ptx)), "ld_v4": len(re.findall(r"\bld\.global[.\w:]*\.v4", ptx)),
+        "st": len(re.findall(r"\bst\.global", ptx)), "st_v4": len(re.findall(r"\bst\.global[.\w:]*\.v4", ptx)),
+        "cp_async": len(re.findall(r"\bcp\.async\.", ptx)), "dyn_shared": compiled.metadata.shared,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="cuda:90", help="cuda:<sm> or hip:<gfx arch>")
+    parser.add_argument("--one-per-kernel", action="store_true")
+    parser.add_argument("--only", default="")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    report, failures, seen = {}, 0, set()
+    for label, kernel, sig, const, warps, aligned in cases():
+        if (args.only and args.only not in label) or (args.one_per_kernel and kernel in seen):
+            continue
+        seen.add(kernel)
+        t0 = time.perf_counter()
+        try:
+            info = compile_one(kernel, sig, const, warps, aligned, args.target)
+        except Exception as err:  # reported per case; the exit status says whether any failed
+            info = {"error": f"{type(err).__name__}: {str(err)[:2000]}"}
+            failures += 1
+        info["seconds"] = round(time.perf_counter() - t0, 2)
+        info["warps"] = warps
+        report[label] = info
+        if not args.json:
+            print(f"{label:40s} {info}", flush=True)
+    if args.json:
+        print(json.dumps(report))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Triton kernels on CPU tensors under the interpreter (research/kernel-testing-on-cpu.md).
+
+TRITON_INTERPRET is read when ``@triton.jit`` decorates, i.e. when a kernel module is imported,
+so it is set here before any test module imports one. Helpers shared by the test files:
+``as_cpu_kernel`` (the launcher temporarily becomes the CPU kernel of its ``customop::`` op) and
+the ``poison_empty`` fixture (``torch.empty``/``empty_like`` return NaN-filled tensors, so an
+output lane a kernel forgot to write shows up).
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import contextlib  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import customop.ops  # noqa: E402,F401  (defines the customop:: ops)
+
+
+@contextlib.contextmanager
+def as_cpu_kernel(op_name: str, launcher: Callable) -> Iterator[list[int]]:
+    """Within the block ``torch.ops.customop.<op_name>`` runs ``launcher`` on CPU tensors; the
+    yielded list counts the calls (to prove the kernel, not the reference, ran). On exit the
+    registration is destroyed and the op's reference implementation is back."""
+    calls: list[int] = []
+
+    def counted(*args):
+        calls.append(1)
+        return launcher(*args)
+
+    lib = torch.library.Library("customop", "IMPL")
+    try:
+        lib.impl(op_name, counted, "CPU")
+        yield calls
+    finally:
+        lib._destroy()
+
+
+def _poisoned_factory(factory: Callable) -> Callable:
+    def make(*args, **kwargs):
+        t = factory(*args, **kwargs)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    return make
+
+
+@pytest.fixture
+def poison_empty(monkeypatch):
+    """Fresh ``torch.empty``/``empty_like`` tensors are NaN (their contents are undefined anyway)."""
+    monkeypatch.setattr(torch, "empty", _poisoned_factory(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", _poisoned_factory(torch.empty_like))
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield

@@ -1,0 +1,205 @@
+"""The norm kernels (backends/triton/layernorm.py) under the Triton interpreter, against float64
+references written here, directly and through ``torch.ops.customop.*``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from customop.backends.triton import _tuning
+from customop.backends.triton import layernorm as norm
+from customop.testing import assert_close
+from tests.backends.triton.conftest import as_cpu_kernel
+from tests.backends.triton.references import ref_fused_add, ref_gated, ref_gemma, ref_rms_norm
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+EPS = 1e-6
+# one row; odd row counts and widths (masks, several rows per program at 100); 3-D
+SHAPES = ((1, 8), (7, 4231), (33, 100), (3, 5, 64))
+LOOPED = _tuning.RowConfig(1, 1024, 4, False)  # forces the chunked two-pass variant
+
+
+def _x(shape, dtype, scale=1.0, offset=0.0):
+    return (torch.randn(shape) * scale + offset).to(dtype)
+
+
+# ---- direct launches --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weight_dtype", ["same", "fp32", None])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm(dtype, weight_dtype, poison_empty):
+    for shape in SHAPES:
+        x = _x(shape, dtype, scale=3.0)
+        w = None if weight_dtype is None else _x(shape[-1:], dtype if weight_dtype == "same" else torch.float32, 0.5, 1.0)
+        out = norm.rms_norm(x, w, EPS)
+        assert out.dtype == dtype and out.shape == x.shape
+        assert_close(out, ref_rms_norm(x, w, EPS).to(dtype), dtype, what=f"rms_norm {shape}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemma_rms_norm(dtype, poison_empty):
+    for shape in SHAPES:
+        x, w = _x(shape, dtype, 3.0), _x(shape[-1:], torch.float32, 0.5)
+        assert_close(norm.gemma_rms_norm(x, w, EPS), ref_gemma(x, w, EPS).to(dtype), dtype, what=f"gemma {shape}")
+
+
+@pytest.mark.parametrize(("gemma", "has_weight"), [(False, True), (False, False), (True, True)],
+                         ids=["llama", "llama-noweight", "gemma"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_add_in_place(dtype, gemma, has_weight):
+    launcher = norm.gemma_fused_add_rms_norm if gemma else norm.fused_add_rms_norm
+    for shape in SHAPES:
+        x, r = _x(shape, dtype, 2.0), _x(shape, dtype, 2.0)
+        w = _x(shape[-1:], dtype, 0.5, 0.0 if gemma else 1.0) if has_weight else None
+        want_out, want_res = ref_fused_add(x, r, w, EPS, gemma)
+        assert launcher(x, r, w, EPS) is None
+        assert_close(r, want_res.to(dtype), dtype, what=f"residual {shape}")
+        assert_close(x, want_out.to(dtype), dtype, what=f"out {shape}")
+
+
+@pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma"])
+def test_fused_add_on_strided_views_leaves_padding_alone(gemma):
+    """x and residual are column slices of wider poisoned buffers: the kernel writes through
+    the row stride and never into the padding."""
+    launcher = norm.gemma_fused_add_rms_norm if gemma else norm.fused_add_rms_norm
+    hidden, pad = 100, 28
+    xbuf = torch.full((9, hidden + pad), float("nan"))
+    rbuf = torch.full((9, hidden + pad), float("nan"))
+    x, r = xbuf[:, :hidden], rbuf[:, pad:]
+    x.copy_(_x((9, hidden), torch.float32, 2.0))
+    r.copy_(_x((9, hidden), torch.float32, 2.0))
+    w = _x((hidden,), torch.float32, 0.5, 1.0)
+    want_out, want_res = ref_fused_add(x, r, w, EPS, gemma)
+    launcher(x, r, w, EPS)
+    assert_close(x, want_out.float(), torch.float32)
+    assert_close(r, want_res.float(), torch.float32)
+    assert xbuf[:, hidden:].isnan().all() and rbuf[:, :pad].isnan().all()
+
+
+def test_non_row_viewable_inputs_fall_back_to_copies(poison_empty):
+    """A transposed x has no [rows, hidden] view with unit stride: computed on a copy, written
+    back in place."""
+    x = _x((64, 6), torch.float32, 2.0).t()  # [6, 64], last-dim stride 6
+    r = _x((6, 64), torch.float32, 2.0)
+    w = _x((64,), torch.float32, 0.5, 1.0)
+    assert_close(norm.rms_norm(x, w, EPS), ref_rms_norm(x, w, EPS).float(), torch.float32)
+    want_out, want_res = ref_fused_add(x, r, w, EPS)
+    norm.fused_add_rms_norm(x, r, w, EPS)
+    assert_close(x, want_out.float(), torch.float32)
+    assert_close(r, want_res.float(), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_looped_variant(dtype, poison_empty):
+    """Rows wider than the largest tile take the chunked variant; forced here on small rows."""
+    x, r = _x((3, 4231), dtype, 2.0), _x((3, 4231), dtype, 2.0)
+    w = _x((4231,), dtype, 0.5, 1.0)
+    out = torch.empty_like(x)
+    norm._norm(x, None, w, EPS, out, gemma=False, config=LOOPED)
+    assert_close(out, ref_rms_norm(x, w, EPS).to(dtype), dtype)
+    want_out, want_res = ref_fused_add(x, r, w, EPS, gemma=True)
+    norm._norm(x, r, w, EPS, x, gemma=True, config=LOOPED)
+    assert_close(x, want_out.to(dtype), dtype)
+    assert_close(r, want_res.to(dtype), dtype)
+
+
+@pytest.mark.parametrize("rows_per_program", [1, 2, 8])
+def test_rows_per_program(rows_per_program, poison_empty):
+    x, w = _x((13, 100), torch.float32, 2.0), _x((100,), torch.float32)
+    out = torch.empty_like(x)
+    norm._norm(x, None, w, EPS, out, gemma=False, config=_tuning.RowConfig(rows_per_program, 128, 4, True))
+    assert_close(out, ref_rms_norm(x, w, EPS).float(), torch.float32)
+
+
+@pytest.mark.parametrize("block_m", [1, 4])
+def test_persistent_grid(block_m, poison_empty):
+    """programs_per_sm > 0: fewer programs than row blocks, each looping over several blocks
+    (the interpreter counts one SM, so one program does every block here)."""
+    cfg = _tuning.RowConfig(block_m, 128, 4, True, programs_per_sm=1)
+    assert _tuning.row_grid(torch.device("cpu"), cfg, 13) == ((1,), 2)
+    x, r, w = _x((13, 100), torch.bfloat16, 2.0), _x((13, 100), torch.bfloat16, 2.0), _x((100,), torch.bfloat16, 0.5, 1.0)
+    want_out, want_res = ref_fused_add(x, r, w, EPS)
+    norm._norm(x, r, w, EPS, x, gemma=False, config=cfg)
+    assert_close(x, want_out.bfloat16(), torch.bfloat16)
+    assert_close(r, want_res.bfloat16(), torch.bfloat16)
+
+
+@pytest.mark.parametrize("sigmoid", [False, True], ids=["silu", "sigmoid"])
+@pytest.mark.parametrize("norm_before_gate", [False, True], ids=["gate_first", "norm_first"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm_gated(dtype, norm_before_gate, sigmoid, poison_empty):
+    for shape, group in (((7, 4231), 4231), ((33, 100), 25), ((3, 5, 64), 64), ((1, 8), 4)):
+        x, z = _x(shape, dtype, 2.0), _x(shape, dtype, 2.0)
+        w = _x(shape[-1:], torch.float32, 0.5, 1.0)
+        out = norm.rms_norm_gated(x, w, z, 1e-5, group, norm_before_gate, sigmoid)
+        assert_close(out, ref_gated(x, w, z, 1e-5, group, norm_before_gate, sigmoid).to(dtype), dtype,
+                     what=f"gated {shape} group {group}")
+
+
+def test_rms_norm_gated_without_z_and_looped(poison_empty):
+    x, w, z = _x((5, 300), torch.bfloat16, 2.0), _x((300,), torch.bfloat16, 0.5, 1.0), _x((5, 300), torch.bfloat16)
+    assert_close(norm.rms_norm_gated(x, w, None, 1e-5, 100, False, False),
+                 ref_gated(x, w, None, 1e-5, 100, False, False).bfloat16(), torch.bfloat16)
+    for nbg in (False, True):
+        out = norm.rms_norm_gated(x, w, z, 1e-5, 300, nbg, False, config=_tuning.RowConfig(1, 64, 4, False))
+        assert_close(out, ref_gated(x, w, z, 1e-5, 300, nbg, False).bfloat16(), torch.bfloat16)
+
+
+def test_rms_norm_gated_rejects_bad_group():
+    with pytest.raises(ValueError, match="group_size"):
+        norm.rms_norm_gated(torch.randn(2, 10), torch.ones(10), None, 1e-5, 3, False, False)
+
+
+def test_empty_input():
+    x = torch.randn(0, 16)
+    assert norm.rms_norm(x, torch.ones(16), EPS).shape == (0, 16)
+    norm.fused_add_rms_norm(x, x.clone(), None, EPS)
+
+
+# ---- through torch.ops.customop.* ---------------------------------------------------------------
+
+
+def _library_cases():
+    x, r, w, z = _x((3, 40), torch.float32, 2.0), _x((3, 40), torch.float32), _x((40,), torch.float32, 0.5, 1.0), _x((3, 40), torch.float32)
+    return {
+        "rms_norm": (norm.rms_norm, (x, w, EPS)),
+        "gemma_rms_norm": (norm.gemma_rms_norm, (x, w, EPS)),
+        "rms_norm_gated": (norm.rms_norm_gated, (x, w, z, 1e-5, 20, False, True)),
+        "fused_add_rms_norm": (norm.fused_add_rms_norm, (x, r, w, EPS)),
+        "gemma_fused_add_rms_norm": (norm.gemma_fused_add_rms_norm, (x, r, w, EPS)),
+    }
+
+
+def _clone_args(args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@pytest.mark.parametrize("name", sorted(_library_cases()))
+def test_library_op_runs_kernel_and_passes_opcheck_and_compile(name):
+    launcher, args = _library_cases()[name]
+    op = getattr(torch.ops.customop, name)
+    in_place = name.endswith("fused_add_rms_norm")
+    reference_args = _clone_args(args)
+    expected = op(*reference_args)  # the reference implementation (no kernel registered yet)
+    with as_cpu_kernel(name, launcher) as calls:
+        got_args = _clone_args(args)
+        got = op(*got_args)
+        assert len(calls) == 1
+        if in_place:
+            assert_close(got_args[:2], reference_args[:2], torch.float32)
+        else:
+            assert_close(got, expected, torch.float32)
+        torch.library.opcheck(op.default, _clone_args(args))
+
+        def fn(*a):
+            result = op(*a)
+            return a[:2] if in_place else result
+
+        torch.compiler.reset()
+        compiled_args = _clone_args(args)
+        out = torch.compile(fn, fullgraph=True)(*compiled_args)
+        assert_close(out, got_args[:2] if in_place else got, torch.float32, atol=0, rtol=0)
+        if in_place:  # the mutation reached the caller's tensors
+            assert_close(compiled_args[:2], got_args[:2], torch.float32, atol=0, rtol=0)
+        assert len(calls) > 1, "the compiled graph did not call the Triton kernel"

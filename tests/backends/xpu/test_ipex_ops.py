@@ -1,0 +1,138 @@
+"""The IPEX call mappings (backends/xpu/ipex_ops.py) on CPU tensors against the library's
+reference: argument order, which halves, in-place results, and the arguments handed on.
+
+Each test runs against both stand-ins (``fake_ipex``) and, in the xpu tier, the real CPU build of
+IPEX 2.8.0, whose functions take CPU tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from customop.backends.xpu import ipex_ops
+from customop.ops.rotary_embedding import common as rotary
+from customop.testing import assert_close
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _kernels(ipex_build):
+    return ipex_ops.bind_all(ipex_build.llm.functional)
+
+
+def _called(ipex_build) -> list[str]:
+    return getattr(ipex_build.llm.functional, "calls", [])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 96), (2, 3, 64), (1, 8)])
+def test_rms_norm(ipex_build, dtype, shape):
+    kernel = _kernels(ipex_build)["customop::rms_norm"]
+    x, weight = torch.randn(shape, dtype=dtype), torch.randn(shape[-1], dtype=dtype)
+    assert kernel.supports(x, weight, 1e-6)
+    out = kernel.run(x, weight, 1e-6)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_close(out, torch.ops.customop.rms_norm(x, weight, 1e-6))
+
+
+def test_rms_norm_hands_on_what_ipex_cannot_take(ipex_build):
+    kernel = _kernels(ipex_build)["customop::rms_norm"]
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    assert not kernel.supports(x, None, 1e-6)  # IPEX has no weight-less norm
+    assert not kernel.supports(x, torch.ones(32), 1e-6)  # a weight of another dtype
+    assert not kernel.supports(x.double(), torch.ones(32, dtype=torch.float64), 1e-6)
+    assert not kernel.supports(torch.randn(32, 4).t(), torch.ones(4), 1e-6)  # strided rows
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rms_norm_writes_both_in_place(ipex_build, dtype):
+    kernel = _kernels(ipex_build)["customop::fused_add_rms_norm"]
+    x, residual, weight = (torch.randn(5, 80, dtype=dtype), torch.randn(5, 80, dtype=dtype),
+                           torch.randn(80, dtype=dtype))
+    expected_x, expected_residual = x.clone(), residual.clone()
+    torch.ops.customop.fused_add_rms_norm(expected_x, expected_residual, weight, 1e-6)
+    assert kernel.supports(x, residual, weight, 1e-6)
+    assert kernel.run(x, residual, weight, 1e-6) is None
+    assert_close(residual, expected_residual, what="residual <- x + residual")
+    assert_close(x, expected_x, what="x <- rms_norm(x + residual)")
+    assert "add_rms_norm" in _called(ipex_build) or not _called(ipex_build)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(5, 66), (2, 3, 32), (1, 2)])
+def test_silu_and_mul(ipex_build, dtype, shape):
+    kernel = _kernels(ipex_build)["customop::silu_and_mul"]
+    x = torch.randn(shape, dtype=dtype)
+    out = kernel.run(x)
+    assert out.shape == (*shape[:-1], shape[-1] // 2) and out.dtype == dtype
+    assert_close(out, torch.ops.customop.silu_and_mul(x))
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_and_mul(ipex_build, dtype, approximate):
+    kernel = _kernels(ipex_build)["customop::gelu_and_mul"]
+    x = torch.randn(6, 2 * 45, dtype=dtype)
+    assert_close(kernel.run(x, approximate), torch.ops.customop.gelu_and_mul(x, approximate))
+
+
+def test_each_build_uses_its_own_names():
+    from tests.backends.xpu import fake_ipex
+
+    x = torch.randn(3, 8)
+    for build, silu, gelu in ((fake_ipex.cpu_build(), "silu_mul", "gelu_mul"),
+                              (fake_ipex.xpu_build(), "silu_and_mul", "gelu_and_mul")):
+        kernels = _kernels(build)
+        kernels["customop::silu_and_mul"].run(x)
+        kernels["customop::gelu_and_mul"].run(x, "tanh")
+        assert build.llm.functional.calls == [silu, gelu]
+    assert "customop::quick_gelu" not in _kernels(fake_ipex.cpu_build())  # gelu_quick: XPU build only
+    assert set(ipex_ops.BINDERS) == set(_kernels(fake_ipex.xpu_build()))
+
+
+def test_quick_gelu_xpu_build_only(ipex_build):
+    kernels = _kernels(ipex_build)
+    if not hasattr(ipex_build.llm.functional, "gelu_quick"):
+        assert "customop::quick_gelu" not in kernels
+        return
+    x = torch.randn(4, 20)
+    assert_close(kernels["customop::quick_gelu"].run(x), torch.ops.customop.quick_gelu(x))
+
+
+def _rotary_case(dtype, head_size, rotary_dim, neox, layout_3d):
+    tokens, heads, kv_heads, max_pos = 6, 4, 2, 40
+    cache = rotary.cos_sin_cache(torch.arange(max_pos, dtype=torch.float), rotary.rope_inv_freq(10000.0, rotary_dim))
+    positions = torch.randint(0, max_pos, (tokens,))
+    shape_q = (tokens, heads, head_size) if layout_3d else (tokens, heads * head_size)
+    shape_k = (tokens, kv_heads, head_size) if layout_3d else (tokens, kv_heads * head_size)
+    return positions, torch.randn(shape_q, dtype=dtype), torch.randn(shape_k, dtype=dtype), cache.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("layout_3d", [False, True], ids=["flat", "heads"])
+def test_rotary_embedding_in_place(ipex_build, dtype, neox, layout_3d):
+    kernel = _kernels(ipex_build)["customop::rotary_embedding"]
+    positions, query, key, cache = _rotary_case(dtype, 64, 64, neox, layout_3d)
+    expected_q, expected_k = query.clone(), key.clone()
+    torch.ops.customop.rotary_embedding(positions, expected_q, expected_k, 64, cache, neox)
+    assert kernel.supports(positions, query, key, 64, cache, neox)
+    q_ptr, k_ptr = query.data_ptr(), key.data_ptr()
+    assert kernel.run(positions, query, key, 64, cache, neox) is None
+    assert (query.data_ptr(), key.data_ptr()) == (q_ptr, k_ptr)
+    assert_close(query, expected_q, what="query")
+    assert_close(key, expected_k, what="key")
+
+
+def test_rotary_embedding_partial_and_keyless(ipex_build):
+    kernel = _kernels(ipex_build)["customop::rotary_embedding"]
+    positions, query, key, cache = _rotary_case(torch.float32, 64, 32, True, False)
+    assert not kernel.supports(positions, query, None, 64, cache, True)  # no key: the next provider
+    batched = hasattr(ipex_build.llm.functional, "rotary_embedding_batched")
+    # The CPU build asserts on partial rotation; the XPU build takes rot_dim itself.
+    assert kernel.supports(positions, query, key, 64, cache, True) == batched
+    if batched:
+        expected_q, expected_k = query.clone(), key.clone()
+        torch.ops.customop.rotary_embedding(positions, expected_q, expected_k, 64, cache, True)
+        kernel.run(positions, query, key, 64, cache, True)
+        assert_close((query, key), (expected_q, expected_k))

@@ -1,0 +1,423 @@
+"""Activation family (research/op-semantics.md D.1): each op's forward_native and forward_cpu
+against a float64 reference written here, the library ops (opcheck, fake shapes, the path
+forward_cuda takes), torch.compile without graph breaks, input checks, and the factories."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounter
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from customop import Config, CustomOp, use_config
+from customop.ops import activation as act
+from customop.testing import assert_close, assert_conforms, forced_platform, randn, tolerance
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+GATED_SHAPES = [(1, 2), (7, 8462), (3, 5, 4096)]
+ELEMENTWISE_SHAPES = [(1, 1), (7, 4231), (3, 5, 4096)]
+
+
+# ---- float64 references, written from the formulas (not from the ops' code) --------------------
+
+
+def _halves(x):
+    d = x.shape[-1] // 2
+    return x[..., :d], x[..., d:]
+
+
+def _silu(v):
+    return v / (1.0 + torch.exp(-v))
+
+
+def _gelu(v, approximate):
+    if approximate == "tanh":
+        return 0.5 * v * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v**3)))
+    return 0.5 * v * (1.0 + torch.erf(v / math.sqrt(2.0)))
+
+
+def ref_sparse(x, p, approximate):
+    a, b = _halves(x)
+    mean = a.sum(-1, keepdim=True) / a.shape[-1]
+    std = ((a - mean) ** 2).sum(-1, keepdim=True).div(a.shape[-1]).sqrt()
+    cutoff = mean + std * statistics.NormalDist().inv_cdf(p)
+    return _gelu((a - cutoff).clamp(min=0), approximate) * b
+
+
+def ref_swigluoai(x, alpha=1.702, limit=7.0):
+    g, u = x[..., 0::2].clamp(max=limit), x[..., 1::2].clamp(-limit, limit)
+    return (u + 1) * g / (1.0 + torch.exp(-alpha * g))
+
+
+def ref_xielu(x, op):
+    """xIELU with the module's parameters; softplus and ``beta + softplus`` are rounded to the
+    parameter dtype, as the spec computes them there."""
+    pdt = op.alpha_p.dtype
+    softplus = lambda p: torch.log1p(torch.exp(p.detach().double())).to(pdt)  # noqa: E731
+    ap = softplus(op.alpha_p).double()
+    an = (op.beta.double() + softplus(op.alpha_n).double()).to(pdt).double()
+    beta, eps = float(op.beta), float(op.eps)
+    return torch.where(x > 0, ap * x * x + beta * x, an * (torch.expm1(x.clamp(max=eps)) - x) + beta * x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    label: str
+    make: Callable[..., CustomOp]  # (**CustomOp kwargs) -> op
+    reference: Callable  # (x float64, op) -> float64
+    gated: bool
+    scale: float = 1.0  # input scale: 4 reaches swigluoai's clamps
+    # Extra absolute tolerance, for ops whose spec rounds a cancellation-prone intermediate in the
+    # input dtype (reasons at the cases): k * eps(dtype) * max|x|**power, given as (k, power).
+    slack: tuple[float, int] = (0.0, 1)
+
+
+CASES = [
+    Case("silu_and_mul", act.SiluAndMul, lambda x, op: _silu(_halves(x)[0]) * _halves(x)[1], True),
+    Case("mul_and_silu", act.MulAndSilu, lambda x, op: _halves(x)[0] * _silu(_halves(x)[1]), True),
+    Case("gelu_and_mul-none", lambda **kw: act.GeluAndMul("none", **kw), lambda x, op: _gelu(_halves(x)[0], "none") * _halves(x)[1], True),
+    Case("gelu_and_mul-tanh", lambda **kw: act.GeluAndMul("tanh", **kw), lambda x, op: _gelu(_halves(x)[0], "tanh") * _halves(x)[1], True),
+    # the row mean, std and cutoff are rounded in the input dtype: the cutoff is off by a few ulps
+    # of |a|, which moves outputs by up to that much times |b|
+    Case("gelu_and_mul_sparse-0.95", lambda **kw: act.GeluAndMulSparse(0.95, **kw), lambda x, op: ref_sparse(x, 0.95, "none"), True, slack=(1, 2)),
+    Case("gelu_and_mul_sparse-0.3-tanh", lambda **kw: act.GeluAndMulSparse(0.3, "tanh", **kw), lambda x, op: ref_sparse(x, 0.3, "tanh"), True, slack=(1, 2)),
+    Case("fatrelu_and_mul", lambda **kw: act.FatreluAndMul(0.25, **kw), lambda x, op: torch.where(_halves(x)[0] > 0.25, _halves(x)[0], 0.0) * _halves(x)[1], True),
+    Case("swigluoai_and_mul", act.SwigluOAIAndMul, lambda x, op: ref_swigluoai(x), True, scale=4.0),
+    Case("gelu_new", act.NewGELU, lambda x, op: _gelu(x, "tanh"), False),
+    Case("gelu_fast", act.FastGELU, lambda x, op: _gelu(x, "tanh"), False),
+    Case("quick_gelu", act.QuickGELU, lambda x, op: x / (1.0 + torch.exp(-1.702 * x)), False),
+    Case("relu2", act.ReLUSquaredActivation, lambda x, op: x.clamp(min=0) ** 2, False),
+    # for x < 0, alpha_n (expm1(x) - x) and beta x cancel: each is rounded to an ulp of ~|x|
+    Case("xielu", act.XIELU, ref_xielu, False, slack=(1, 1)),
+]
+CASE_IDS = [c.label for c in CASES]
+CASE_BY_LABEL = {c.label: c for c in CASES}
+
+
+def build(case: Case) -> CustomOp:
+    with use_config(Config(custom_ops=["all"])):
+        return case.make()
+
+
+def check(case: Case, op: CustomOp, x: torch.Tensor, out: torch.Tensor, expected: torch.Tensor | None = None) -> None:
+    if expected is None:
+        expected = case.reference(x.double(), op)
+    atol, rtol = tolerance(x.dtype)
+    k, power = case.slack
+    atol += k * torch.finfo(x.dtype).eps * float(x.abs().max()) ** power
+    assert out.dtype == x.dtype
+    assert_close(out, expected, x.dtype, atol=atol, rtol=rtol, what=case.label)
+
+
+def shapes_for(case: Case):
+    return GATED_SHAPES if case.gated else ELEMENTWISE_SHAPES
+
+
+PARAMS = [pytest.param(c, s, id=f"{c.label}-{'x'.join(map(str, s))}") for c in CASES for s in shapes_for(c)]
+
+
+# ---- the parametrized base: native and the CPU path vs float64 ------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case,shape", PARAMS)
+def test_native_and_cpu_eager_match_reference(case, shape, dtype, monkeypatch):
+    op = build(case)
+    monkeypatch.setattr(op, "cpu_compile_min_numel", math.inf)  # compile off: forward_cpu stays eager
+    x = randn(*shape, dtype=dtype, scale=case.scale)
+    x_before = x.clone()
+    expected = case.reference(x.double(), op)
+    with torch.no_grad():
+        check(case, op, x, op.forward_native(x), expected)
+        check(case, op, x, op(x), expected)  # enabled on the CPU platform: forward_cpu
+    assert op._forward_method == op.forward_cpu
+    assert torch.equal(x, x_before), "x must not be mutated"
+
+
+# Compile on: forward_cpu's Inductor branch, once per pure function (compiles dominate this
+# file's time; the other arguments of a function do not change what Inductor is asked to fuse).
+ONE_PER_FUNCTION = ("gelu_and_mul-none", "gelu_and_mul_sparse-0.3-tanh")
+COMPILED = [pytest.param(c, torch.bfloat16, id=f"{c.label}-bf16") for c in CASES if c.label not in ONE_PER_FUNCTION]
+COMPILED += [pytest.param(CASE_BY_LABEL["silu_and_mul"], dt, id=f"silu_and_mul-{dt}") for dt in (torch.float32, torch.float16)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,dtype", COMPILED)
+def test_cpu_compiled_matches_reference(case, dtype, monkeypatch):
+    op = build(case)
+    monkeypatch.setattr(op, "cpu_compile_min_numel", 0)
+    with torch.no_grad():
+        for shape in shapes_for(case)[1:]:  # both dims dynamic: one graph serves both shapes
+            x = randn(*shape, dtype=dtype, scale=case.scale)
+            check(case, op, x, op.forward_cpu(x))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_silu_and_mul_large(dtype):
+    op = build(CASE_BY_LABEL["silu_and_mul"])
+    x = randn(256, 28672, dtype=dtype)
+    assert x.numel() >= op.cpu_compile_min_numel  # the real threshold: the compiled branch
+    with torch.no_grad():
+        check(CASE_BY_LABEL["silu_and_mul"], op, x, op(x))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ["silu_and_mul", "swigluoai_and_mul"])
+def test_cpu_path_handles_non_contiguous_input(label, monkeypatch):
+    """silu_and_mul stays eager (no compiled graph per stride pattern); swigluoai de-interleaves
+    into a contiguous copy first, so it runs the compiled graph (the one built above)."""
+    case = CASE_BY_LABEL[label]
+    op = build(case)
+    monkeypatch.setattr(op, "cpu_compile_min_numel", 0)
+    x = randn(2 * 4231, 7, dtype=torch.bfloat16, scale=case.scale).t()  # last dim strided
+    with torch.no_grad():
+        check(case, op, x, op.forward_cpu(x))
+
+
+# ---- compile_native and torch.compile ---------------------------------------------------------
+
+
+def test_compile_native_defaults():
+    with use_config(Config(custom_ops=["none"])):
+        silu, relu2, mul_silu = act.SiluAndMul(), act.ReLUSquaredActivation(), act.MulAndSilu()
+        plain = act.SiluAndMul(compile_native=False)
+    assert silu._compile_native and relu2._compile_native and not mul_silu._compile_native
+    assert mul_silu._forward_method == mul_silu.forward_native
+    assert plain._forward_method == plain.forward_native
+    assert silu._forward_method != silu.forward_native  # wrapped by torch.compile
+
+
+@pytest.mark.slow
+def test_compile_native_runs():
+    with use_config(Config(custom_ops=["none"])):
+        op = act.SiluAndMul()
+    x = randn(5, 2 * 96)
+    check(CASE_BY_LABEL["silu_and_mul"], op, x, op(x))
+
+
+class _Wrapper(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def forward(self, x):
+        return self.op(x * 2.0) + 1.0  # neighbours around the op: one graph must hold all three
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_fullgraph_compile(case, platform):
+    """cpu: forward_cpu traces its math into the caller's graph; cuda (forced, running the library
+    op's reference on CPU tensors): one customop:: node. No graph break either way."""
+    torch._dynamo.reset()  # every test's new module recompiles _Wrapper.forward: stay under the limit
+    with forced_platform(platform):
+        with use_config(Config(custom_ops=["all"])):
+            op = case.make(enforce_enable=True)
+        counter = CompileCounter()
+        compiled = torch.compile(_Wrapper(op), backend=counter, fullgraph=True)
+        x = randn(3, 2 * 40 if case.gated else 40, dtype=torch.bfloat16, scale=case.scale)
+        with torch.no_grad():
+            out = compiled(x)
+    assert counter.frame_count == 1
+    expected = case.reference(x.double() * 2.0, op) + 1.0
+    assert_close(out, expected, torch.bfloat16, atol=3e-2)
+
+
+# ---- the library ops ----------------------------------------------------------------------------
+
+
+class _OpRecorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_forward_cuda_calls_the_library_op(case):
+    with forced_platform("cuda"):
+        op = case.make(enforce_enable=True)
+        assert op._forward_method.__name__ == "forward_cuda"
+        x = randn(4, 2 * 30 if case.gated else 30, dtype=torch.float16, scale=case.scale)
+        with torch.no_grad(), _OpRecorder() as recorder:
+            out = op(x)
+    assert f"customop::{op.name}" in recorder.names
+    check(case, op, x, out)
+
+
+def _library_args(case: Case, op: CustomOp, x: torch.Tensor) -> tuple:
+    args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in op.math_args())
+    return (x, *args)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_opcheck(case):
+    op = build(case)
+    library_op = getattr(torch.ops.customop, op.name)
+    for shape, dtype in (((3, 2 * 17), torch.float32), ((2, 3, 2 * 8), torch.bfloat16)):
+        x = randn(*shape, dtype=dtype, scale=case.scale)
+        torch.library.opcheck(library_op, _library_args(case, op, x))
+
+
+def test_library_schemas_are_fixed():
+    expected = {
+        "silu_and_mul": "(Tensor x) -> Tensor",
+        "mul_and_silu": "(Tensor x) -> Tensor",
+        "gelu_and_mul": "(Tensor x, str approximate) -> Tensor",
+        "gelu_and_mul_sparse": "(Tensor x, float std_multiplier, str approximate) -> Tensor",
+        "fatrelu_and_mul": "(Tensor x, float threshold) -> Tensor",
+        "swigluoai_and_mul": "(Tensor x, float alpha, float limit) -> Tensor",
+        "gelu_new": "(Tensor x) -> Tensor",
+        "gelu_fast": "(Tensor x) -> Tensor",
+        "quick_gelu": "(Tensor x) -> Tensor",
+        "relu2": "(Tensor x) -> Tensor",
+        "xielu": "(Tensor x, Tensor alpha_p, Tensor alpha_n, float beta, float eps) -> Tensor",
+    }
+    for name, schema in expected.items():
+        assert str(getattr(torch.ops.customop, name).default._schema) == f"customop::{name}{schema}"
+
+
+def test_fake_shapes_from_meta_tensors():
+    x = torch.empty(5, 3, 2 * 11, device="meta", dtype=torch.bfloat16)
+    assert torch.ops.customop.silu_and_mul(x).shape == (5, 3, 11)
+    assert torch.ops.customop.swigluoai_and_mul(x, 1.702, 7.0).shape == (5, 3, 11)
+    assert torch.ops.customop.gelu_new(x).shape == x.shape
+
+
+# ---- input checks -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["forward_cpu", "forward_cuda"])
+def test_bad_inputs(path):
+    with forced_platform("cuda"):
+        gated, elementwise = act.SiluAndMul(), act.NewGELU()
+    forward = lambda op, x: getattr(op, path)(x)  # noqa: E731
+    with pytest.raises(ValueError, match=r"silu_and_mul.*x's last dimension must be even"):
+        forward(gated, torch.randn(3, 7))
+    with pytest.raises(TypeError, match=r"silu_and_mul.*x has dtype torch.int32"):
+        forward(gated, torch.ones(3, 8, dtype=torch.int32))
+    with pytest.raises(TypeError, match=r"gelu_new.*x has dtype torch.float8_e4m3fn"):
+        forward(elementwise, torch.zeros(3, 8, dtype=torch.float8_e4m3fn))
+    with pytest.raises(ValueError, match=r"gelu_new.*at least one dimension"):
+        forward(elementwise, torch.tensor(1.0))
+    with pytest.raises(TypeError, match=r"gelu_new: x must be a torch.Tensor"):
+        forward(elementwise, [1.0, 2.0])
+
+
+def test_kernel_paths_need_contiguous_input():
+    op = act.SiluAndMul()
+    with pytest.raises(ValueError, match=r"silu_and_mul.*contiguous"):
+        op.forward_cuda(torch.randn(16, 7).t())
+    with pytest.raises(TypeError, match=r"float64"):
+        op.forward_cuda(torch.randn(3, 8, dtype=torch.float64))  # fine on the CPU path only
+
+
+def test_xielu_checks_the_parameter_device():
+    op = act.XIELU()
+    with pytest.raises(ValueError, match=r"xielu: x is on meta"):
+        op.forward_cuda(torch.empty(3, 8, device="meta"))
+
+
+def test_constructor_arguments():
+    with pytest.raises(ValueError, match="approximate"):
+        act.GeluAndMul("exact")
+    with pytest.raises(ValueError, match="approximate"):
+        act.GeluAndMulSparse(0.5, approximate="sigmoid")
+    with pytest.raises(ValueError, match="activation_sparsity is 0.0"):
+        act.GeluAndMulSparse(0.0)
+    with pytest.raises(ValueError, match=r"in \(0, 1\)"):
+        act.GeluAndMulSparse(1.0)
+    sparse = act.GeluAndMulSparse(0.95)
+    assert sparse.std_multiplier.dtype == torch.float32
+    assert sparse._std_multiplier == pytest.approx(statistics.NormalDist().inv_cdf(0.95), rel=1e-6)
+    assert (act.SwigluOAIAndMul().alpha, act.SwigluOAIAndMul().limit) == (1.702, 7.0)
+    assert act.FatreluAndMul().threshold == 0.0
+
+
+def test_xielu_parameters_in_inverse_softplus_form():
+    op = act.XIELU()
+    assert op.alpha_p.dtype == op.alpha_n.dtype == op.beta.dtype == op.eps.dtype == torch.bfloat16
+    assert op.alpha_p.shape == op.alpha_n.shape == (1,)
+    assert float(F.softplus(op.alpha_p.detach().float())) == pytest.approx(0.8, abs=2e-2)
+    assert float(op.beta.float() + F.softplus(op.alpha_n.detach().float())) == pytest.approx(0.8, abs=2e-2)
+    assert (float(op.beta), float(op.eps)) == (0.5, float(torch.tensor(-1e-6, dtype=torch.bfloat16)))
+    custom = act.XIELU(alpha_p_init=1.5, alpha_n_init=2.0, beta=0.25, dtype=torch.float32)
+    assert float(F.softplus(custom.alpha_p.detach())) == pytest.approx(1.5, rel=1e-6)
+    assert float(custom.beta + F.softplus(custom.alpha_n.detach())) == pytest.approx(2.0, rel=1e-6)
+
+
+# ---- registration, conformance, factories ------------------------------------------------------
+
+CLASSES = {"silu_and_mul": act.SiluAndMul, "mul_and_silu": act.MulAndSilu, "gelu_new": act.NewGELU,
+           "gelu_fast": act.FastGELU, "quick_gelu": act.QuickGELU, "gelu_and_mul": act.GeluAndMul,
+           "gelu_and_mul_sparse": act.GeluAndMulSparse, "relu2": act.ReLUSquaredActivation,
+           "xielu": act.XIELU, "swigluoai_and_mul": act.SwigluOAIAndMul, "fatrelu_and_mul": act.FatreluAndMul}
+
+
+def test_registered_names():
+    for name, cls in CLASSES.items():
+        assert CustomOp.op_registry[name] is cls and cls.name == name
+
+
+@pytest.mark.parametrize("cls", list(CLASSES.values()), ids=list(CLASSES))
+def test_samples_conform(cls):
+    with torch.no_grad():
+        assert_conforms(cls)
+
+
+def test_get_act_fn():
+    act.ACTIVATIONS.clear()
+    silu = act.get_act_fn("SiLU")
+    assert isinstance(silu, torch.nn.SiLU) and act.get_act_fn("silu") is silu
+    assert act.get_act_fn("torch.nn.modules.activation.SiLU") is silu
+    assert isinstance(act.get_act_fn("torch.nn.modules.linear.Identity"), torch.nn.Identity)
+    assert act.get_act_fn("gelu_pytorch_tanh").approximate == "tanh"
+    assert act.get_act_fn("gelu").approximate == "none"
+    for name, cls in (("gelu_new", act.NewGELU), ("gelu_fast", act.FastGELU), ("quick_gelu", act.QuickGELU),
+                      ("relu2", act.ReLUSquaredActivation), ("xielu", act.XIELU), ("relu", torch.nn.ReLU),
+                      ("tanh", torch.nn.Tanh), ("sigmoid", torch.nn.Sigmoid)):
+        assert isinstance(act.get_act_fn(name), cls)
+    with pytest.raises(ValueError, match=r"'swish'.*known: \['gelu', 'gelu_fast'"):
+        act.get_act_fn("swish")
+
+
+def test_get_act_and_mul_fn():
+    act.ACTIVATIONS_AND_MUL.clear()
+    silu = act.get_act_and_mul_fn("silu")
+    assert isinstance(silu, act.SiluAndMul) and act.get_act_and_mul_fn("SILU") is silu
+    assert act.get_act_and_mul_fn("gelu").approximate == "none"
+    assert isinstance(act.get_act_and_mul_fn("geglu"), act.GeluAndMul)
+    assert isinstance(act.get_act_and_mul_fn("swigluoai"), act.SwigluOAIAndMul)
+    fresh = act.get_act_and_mul_fn("silu", compile_native=False)
+    assert fresh is not silu and not fresh._compile_native
+    assert act.get_act_and_mul_fn("swigluoai", alpha=1.0).alpha == 1.0
+    with pytest.raises(ValueError, match=r"'relu'.*known: \['geglu', 'gelu', 'silu', 'swigluoai'\]"):
+        act.get_act_and_mul_fn("relu")
+
+
+def test_shared_instance_keeps_the_config_of_first_use():
+    act.ACTIVATIONS_AND_MUL.clear()
+    with use_config(Config(custom_ops=["none"])):
+        first = act.get_act_and_mul_fn("gelu")
+    with use_config(Config(custom_ops=["all"])):
+        assert act.get_act_and_mul_fn("gelu") is first
+    assert first._forward_method == first.forward_native
+    act.ACTIVATIONS_AND_MUL.clear()
+
+
+def test_xielu_reads_beta_and_eps_from_a_state_dict():
+    op = act.XIELU()
+    state = {k: v.clone() for k, v in op.state_dict().items()}
+    state["beta"].fill_(0.25)
+    op.load_state_dict(state)
+    assert op.math_args()[2] == 0.25

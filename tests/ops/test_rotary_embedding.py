@@ -1,0 +1,526 @@
+"""The rotary family against float64 references written here, independently of customop's math:
+the rotation as complex multiplication, every scaling variant's cache from its formula."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import customop
+from customop.ops.rotary_embedding import (
+    ApplyRotaryEmb, DeepseekScalingRotaryEmbedding, DualChunkRotaryEmbedding, DynamicNTKScalingRotaryEmbedding,
+    LinearScalingRotaryEmbedding, Llama3RotaryEmbedding, MRotaryEmbedding, RotaryEmbedding,
+    YaRNScalingRotaryEmbedding, apply_rotary as apply_module, base as rope_base, clear_rope_cache, get_rope)
+from customop.platforms import CudaPlatform
+from customop.testing import assert_conforms, forced_platform, randn, tolerance
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+EPS32 = torch.finfo(torch.float32).eps
+MAX_POS = 4096
+# The kernel paths must be asked for explicitly here: with no GPU, an automatic choice falls back.
+KERNEL_CONFIG = customop.Config(custom_ops=["all,+rotary_embedding,+apply_rotary_emb"])
+SHIPPED_THRESHOLDS = (rope_base.CPU_COMPILE_MIN_TOKENS, apply_module.CPU_COMPILE_MIN_NUMEL)
+
+
+class CudaWithoutGpu(CudaPlatform):
+    """The CUDA platform with its backend declared available, so that ``forward_cuda`` runs on CPU
+    tensors (the op's reference kernel) for conformance."""
+
+    @classmethod
+    def unavailable_reason(cls):
+        return None
+
+
+def build(cls, *args, config=customop.Config(custom_ops=["all"]), **kwargs):
+    with customop.use_config(config):
+        return cls(*args, **kwargs)
+
+
+def dtype_id(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+@pytest.fixture(autouse=True)
+def _compile_off_and_fresh_rope_cache(monkeypatch):
+    """CPU paths run eager unless a test turns compiling on: each compile costs seconds."""
+    monkeypatch.setattr(rope_base, "CPU_COMPILE_MIN_TOKENS", 1 << 30)
+    monkeypatch.setattr(apply_module, "CPU_COMPILE_MIN_NUMEL", 1 << 30)
+    clear_rope_cache()
+    yield
+    clear_rope_cache()
+
+
+# ---- the independent float64 reference ------------------------------------------------------
+
+
+def rope_reference(x, cos, sin, head_size, is_neox):
+    """``x`` [T, ...] as heads of ``head_size``; pair (a, b) -> (a + ib) * (cos + i sin).
+    Returns (rotated x in float64, |a| + |b| of each lane's pair in the same layout)."""
+    shape, x = x.shape, x.double().reshape(cos.shape[0], -1, head_size)
+    half = cos.shape[-1]
+    rot = x[..., : 2 * half]
+    a, b = (rot[..., :half], rot[..., half:]) if is_neox else (rot[..., 0::2], rot[..., 1::2])
+    z = torch.complex(a, b) * torch.complex(cos.double(), sin.double())[:, None, :]
+    mag = a.abs() + b.abs()
+    if is_neox:
+        out, mag = torch.cat((z.real, z.imag), -1), torch.cat((mag, mag), -1)
+    else:
+        out, mag = torch.stack((z.real, z.imag), -1).flatten(-2), mag.repeat_interleave(2, -1)
+    passthrough = x[..., 2 * half:]
+    out = torch.cat((out, passthrough), -1).reshape(shape)
+    return out, torch.cat((mag, torch.zeros_like(passthrough)), -1).reshape(shape)
+
+
+def assert_rotated(got, want, mag, dtype, extra=0.0, what="output"):
+    """The dtype's tolerance plus one rounding of each product (eager rounds ``a*cos`` and
+    ``b*sin`` to the dtype: at most eps/2 * (|a| + |b|) together) plus ``extra`` relative error
+    of cos/sin (for references built from exact angles)."""
+    atol, rtol = tolerance(dtype)
+    err = (got.double() - want).abs()
+    bound = atol + rtol * want.abs() + (torch.finfo(dtype).eps + extra) * mag
+    bad = ~(err <= bound)
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {err.numel()} lanes off; worst err "
+                           f"{float(err.max()):.3g} at {tuple(int(i) for i in torch.nonzero(bad)[0])}")
+
+
+def check_rope_outputs(op, positions, q, k, out_q, out_k):
+    cos, sin = op.cos_sin_cache.double()[positions.flatten()].chunk(2, dim=-1)
+    for name, x, got in (("query", q, out_q), ("key", k, out_k)):
+        if x is None:
+            assert got is None
+            continue
+        want, mag = rope_reference(x, cos, sin, op.head_size, op.is_neox_style)
+        assert got.shape == x.shape and got.dtype == x.dtype
+        assert_rotated(got, want, mag, x.dtype, what=name)
+
+
+# (label, tokens, q heads, kv heads or None, head_size, rotary_dim)
+CASES = [
+    ("T1", 1, 32, 8, 128, 128),
+    ("T7", 7, 32, 8, 128, 128),
+    ("T33", 33, 32, 8, 128, 128),
+    ("odd-heads", 5, 5, 3, 64, 64),
+    ("partial", 7, 4, 2, 128, 64),
+    ("key-None", 9, 4, None, 64, 64),
+]
+
+
+def make_inputs(tokens, heads, kv_heads, head, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, MAX_POS, (tokens,), generator=gen)
+    q = randn(tokens, heads * head, dtype=dtype, generator=gen)
+    k = randn(tokens, kv_heads * head, dtype=dtype, generator=gen) if kv_heads else None
+    return positions, q, k
+
+
+# ---- compile off: every shape, dtype and style, native and the CPU path ----------------------
+
+
+@pytest.mark.parametrize("path", ["forward_native", "forward_cpu"])
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_rotary_embedding_eager(case, dtype, is_neox, path):
+    _, tokens, heads, kv_heads, head, rot = case
+    op = build(RotaryEmbedding, head, rot, MAX_POS, 10000.0, is_neox, dtype)
+    positions, q, k = make_inputs(tokens, heads, kv_heads, head, dtype)
+    q0, k0 = q.clone(), None if k is None else k.clone()
+    out_q, out_k = getattr(op, path)(positions, q, k)
+    check_rope_outputs(op, positions, q0, k0, out_q, out_k)
+    assert torch.equal(q, q0) and (k is None or torch.equal(k, k0)), f"{path} must not modify its inputs"
+
+
+def test_views_and_leading_batch_dims():
+    """``[T, H, D]`` views and ``[B, S, H*D]`` with positions ``[B, S]`` rotate like the flat form."""
+    op = build(RotaryEmbedding, 64, 32, MAX_POS, 10000.0, False, torch.float32)
+    positions, q, k = make_inputs(6, 3, 1, 64, torch.float32)
+    want_q, want_k = op.forward_native(positions, q, k)
+    got_q, got_k = op.forward_native(positions, q.view(6, 3, 64), k.view(6, 1, 64))
+    assert torch.equal(got_q.reshape(6, -1), want_q) and torch.equal(got_k.reshape(6, -1), want_k)
+    got_q, got_k = op.forward_cpu(positions.view(2, 3), q.view(2, 3, -1), k.view(2, 3, -1))
+    assert torch.equal(got_q.reshape(6, -1), want_q) and torch.equal(got_k.reshape(6, -1), want_k)
+
+
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_end_to_end_against_exact_angles(is_neox):
+    """The whole chain (cache, gather, rotation) against angles ``p * base^(-2i/d)`` in float64;
+    the cache's fp32 angles are off by a few ulps of the angle (up to ~4096 rad here)."""
+    op = build(RotaryEmbedding, 128, 96, MAX_POS, 500000.0, is_neox, torch.float32)
+    positions, q, k = make_inputs(9, 3, 2, 128, torch.float32)
+    angles = positions.double()[:, None] * inv_freq64(500000.0, 96)
+    for x, got in zip((q, k), op(positions, q, k)):
+        want, mag = rope_reference(x, angles.cos(), angles.sin(), 128, is_neox)
+        assert_rotated(got, want, mag, torch.float32, extra=8 * EPS32 * MAX_POS + 4 * EPS32)
+
+
+# ---- compile on: the CPU path's compiled branch ----------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,is_neox,kv_heads", [
+    (torch.float32, True, 8), (torch.bfloat16, True, 8), (torch.float16, True, 8),
+    (torch.float32, False, 8), (torch.bfloat16, True, None)],
+    ids=["fp32-neox", "bf16-neox", "fp16-neox", "fp32-gptj", "bf16-neox-key-None"])
+def test_rotary_embedding_cpu_compiled(dtype, is_neox, kv_heads, monkeypatch):
+    monkeypatch.setattr(rope_base, "CPU_COMPILE_MIN_TOKENS", 0)  # compile on
+    op = build(RotaryEmbedding, 128, 128, MAX_POS, 10000.0, is_neox, dtype)
+    # fp32-neox runs a second size: the dynamic-shape recompile (which later dtypes then reuse)
+    sizes = (33, 17) if (dtype, is_neox, kv_heads) == (torch.float32, True, 8) else (33,)
+    with torch._dynamo.config.patch(recompile_limit=64):
+        for tokens in sizes:
+            positions, q, k = make_inputs(tokens, 32, kv_heads, 128, dtype, seed=tokens)
+            out_q, out_k = op.forward_cpu(positions, q, k)
+            check_rope_outputs(op, positions, q, k, out_q, out_k)
+
+
+def test_cpu_path_picks_compiled_code_by_size(monkeypatch):
+    monkeypatch.setattr(rope_base, "CPU_COMPILE_MIN_TOKENS", SHIPPED_THRESHOLDS[0])
+    monkeypatch.setattr(apply_module, "CPU_COMPILE_MIN_NUMEL", SHIPPED_THRESHOLDS[1])
+    calls = []
+    monkeypatch.setattr("customop.backends.cpu.compiled", lambda fn: calls.append(fn.__name__) or fn)
+    op = build(RotaryEmbedding, 64, 64, MAX_POS, 10000.0, True, torch.float32)
+    op.forward_cpu(*make_inputs(1, 2, 1, 64, torch.float32))
+    apply = build(ApplyRotaryEmb)
+    for tokens in (1, apply_module.CPU_COMPILE_MIN_NUMEL // 128):
+        apply.forward_cpu(torch.randn(tokens, 1, 128), torch.randn(tokens, 64), torch.randn(tokens, 64))
+    assert calls == ["rotary_embedding", "apply_rotary_emb"]
+
+
+# ---- the kernel path (forced CUDA platform; the library op's reference runs on CPU) ----------
+
+
+@pytest.mark.parametrize("platform,kv_heads", [("cuda", 8), ("cuda", None), ("rocm", 8), ("xpu", 8)],
+                         ids=["cuda", "cuda-key-None", "rocm", "xpu"])
+def test_kernel_path_is_in_place(platform, kv_heads):
+    with forced_platform(platform):
+        op = build(RotaryEmbedding, 128, 96, MAX_POS, 10000.0, False, torch.bfloat16, config=KERNEL_CONFIG)
+        assert op._forward_method.__name__ == {"cuda": "forward_cuda", "rocm": "forward_hip", "xpu": "forward_xpu"}[platform]
+        positions, q, k = make_inputs(7, 4, kv_heads, 128, torch.bfloat16)
+        q0, k0 = q.clone(), None if k is None else k.clone()
+        out_q, out_k = op(positions, q, k)
+    assert out_q is q and out_k is k, "the kernel path returns the very tensors it rotated"
+    check_rope_outputs(op, positions, q0, k0, out_q, out_k)
+    native_q, native_k = op.forward_native(positions, q0, k0)
+    assert torch.equal(out_q, native_q) and (k is None or torch.equal(out_k, native_k))
+
+
+def test_cache_follows_query_device_and_dtype():
+    op = build(RotaryEmbedding, 64, 64, MAX_POS, 10000.0, True, torch.float32)
+    assert "cos_sin_cache" in op._buffers and "cos_sin_cache" not in op.state_dict()
+    positions, q, k = make_inputs(3, 2, 1, 64, torch.bfloat16)
+    op(positions, q, k)
+    assert op.cos_sin_cache.dtype == torch.bfloat16 and "cos_sin_cache" not in op.state_dict()
+
+
+# ---- input checks ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+def test_bad_inputs_name_the_op_and_argument(platform):
+    with forced_platform(platform):
+        op = build(RotaryEmbedding, 64, 64, MAX_POS, 10000.0, True, torch.float32, config=KERNEL_CONFIG)
+    positions, q, k = make_inputs(4, 2, 1, 64, torch.float32)
+    with forced_platform(platform):
+        with pytest.raises(TypeError, match="rotary_embedding: positions"):
+            op(positions.float(), q, k)
+        with pytest.raises(ValueError, match="rotary_embedding: query's last dim 96"):
+            op(positions, q[:, :96], k)
+        with pytest.raises(ValueError, match="rotary_embedding: query of shape"):
+            op(positions[:3], q, k)
+        with pytest.raises(ValueError, match="rotary_embedding: key of shape"):
+            op(positions, q, k[:2])
+    for rot in (72, 31):
+        with pytest.raises(ValueError, match="RotaryEmbedding: rotary_dim"):
+            RotaryEmbedding(64, rot, MAX_POS, 10000.0, True, torch.float32)
+
+
+# ---- torch.library and torch.compile -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kv_heads", [2, None], ids=["key", "key-None"])
+def test_opcheck(kv_heads):
+    positions, q, k = make_inputs(5, 3, kv_heads, 64, torch.float32)
+    cache = RotaryEmbedding(64, 32, MAX_POS, 10000.0, True, torch.float32).cos_sin_cache
+    torch.library.opcheck(torch.ops.customop.rotary_embedding.default, (positions, q, k, 64, cache, False))
+
+
+def test_compile_fullgraph_cpu_path_keeps_the_buffer():
+    """Enabled on the CPU: one graph; the fp32 cache is cast for the bf16 query inside the graph
+    without replacing the module's buffer."""
+    op = build(RotaryEmbedding, 128, 128, MAX_POS, 10000.0, True, torch.float32)
+    positions, q, k = make_inputs(33, 32, 8, 128, torch.bfloat16)
+    out_q, out_k = torch.compile(op, fullgraph=True)(positions, q, k)
+    assert op.cos_sin_cache.dtype == torch.float32
+    op.cos_sin_cache = op.cos_sin_cache.bfloat16()  # what the eager path does: compare in bf16
+    check_rope_outputs(op, positions, q, k, out_q, out_k)
+
+
+def test_compile_fullgraph_kernel_path():
+    with forced_platform("cuda"):
+        op = build(RotaryEmbedding, 64, 64, MAX_POS, 10000.0, False, torch.float32, config=KERNEL_CONFIG)
+        positions, q, k = make_inputs(7, 4, 2, 64, torch.float32)
+        q0, k0 = q.clone(), k.clone()
+        # aot_eager: the question is one graph and a kept mutation, not Inductor's code
+        out_q, out_k = torch.compile(op, fullgraph=True, backend="aot_eager")(positions, q, k)
+    check_rope_outputs(op, positions, q0, k0, out_q, out_k)
+    assert torch.equal(q, out_q) and torch.equal(k, out_k), "the compiled kernel path still writes in place"
+
+
+# ---- scaling variants: each cache against its formula in float64 --------------------------------
+
+
+def inv_freq64(base, d):
+    return torch.tensor([base ** (-2 * i / d) for i in range(d // 2)], dtype=torch.float64)
+
+
+def yarn_inv_freq64(base, d, factor, original, beta_fast=32, beta_slow=1, extrapolation=1.0):
+    def turns_at(rotations):  # the pair index whose wavelength fits `rotations` times in `original`
+        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(turns_at(beta_fast)), 0), min(math.ceil(turns_at(beta_slow)), d - 1)
+    plain = inv_freq64(base, d)
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    keep = (1 - ramp) * extrapolation
+    return plain / factor * (1 - keep) + plain * keep
+
+
+def llama3_inv_freq64(base, d, factor, low_ff, high_ff, original):
+    out = []
+    for f in inv_freq64(base, d).tolist():
+        wavelen = 2 * math.pi / f
+        if wavelen < original / high_ff:
+            out.append(f)
+        elif wavelen > original / low_ff:
+            out.append(f / factor)
+        else:
+            a = (original / wavelen - low_ff) / (high_ff - low_ff)
+            out.append((1 - a) * f / factor + a * f)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def table64(t, inv_freq, mscale=1.0):
+    angles = t.double()[:, None] * inv_freq[None, :]
+    return torch.cat((angles.cos(), angles.sin()), -1) * mscale, angles
+
+
+def mscale(s, m=1.0):
+    return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1
+
+
+D, BASE, ORIG = 64, 10000.0, 256
+VARIANTS = {
+    "default": (lambda: RotaryEmbedding(D, D, ORIG, BASE, True, torch.float32),
+                lambda: table64(torch.arange(ORIG), inv_freq64(BASE, D))),
+    "linear": (lambda: LinearScalingRotaryEmbedding(D, D, ORIG, BASE, True, [1.0, 2.5], torch.float32),
+               lambda: (lambda a, b: (torch.cat((a[0], b[0])), torch.cat((a[1], b[1]))))(
+                   table64(torch.arange(ORIG), inv_freq64(BASE, D)),
+                   table64(torch.arange(640) / 2.5, inv_freq64(BASE, D)))),
+    "dynamic": (lambda: DynamicNTKScalingRotaryEmbedding(D, D, ORIG, BASE, True, 2.0, torch.float32),
+                lambda: table64(torch.arange(2 * ORIG), inv_freq64(BASE * 3.0 ** (D / (D - 2)), D))),
+    "yarn": (lambda: YaRNScalingRotaryEmbedding(D, D, ORIG, BASE, True, 4.0, torch.float32, attn_factor=0.9),
+             lambda: table64(torch.arange(4 * ORIG), yarn_inv_freq64(BASE, D, 4.0, ORIG), mscale(4.0) * 0.9)),
+    "yarn-partial-rotary": (
+        lambda: YaRNScalingRotaryEmbedding(128, 96, ORIG, BASE, True, 2.0, torch.float32, beta_fast=16),
+        lambda: table64(torch.arange(2 * ORIG), yarn_inv_freq64(BASE, 96, 2.0, ORIG, beta_fast=16), mscale(2.0))),
+    "llama3": (lambda: Llama3RotaryEmbedding(D, D, 1024, 500000.0, True, torch.float32, 8.0, 1.0, 4.0, 512),
+               lambda: table64(torch.arange(1024), llama3_inv_freq64(500000.0, D, 8.0, 1.0, 4.0, 512))),
+    "deepseek_yarn": (
+        lambda: DeepseekScalingRotaryEmbedding(D, D, ORIG, BASE, False, 4.0, torch.float32, mscale=0.707,
+                                               mscale_all_dim=1.0, beta_slow=2),
+        lambda: table64(torch.arange(4 * ORIG), yarn_inv_freq64(BASE, D, 4.0, ORIG, beta_slow=2),
+                        mscale(4.0, 0.707) / mscale(4.0, 1.0))),
+    "mrope": (lambda: MRotaryEmbedding(D, D, ORIG, BASE, True, torch.float32, [8, 12, 12]),
+              lambda: table64(torch.arange(4 * ORIG), inv_freq64(BASE, D))),
+    "mrope-yarn": (  # vLLM computes YaRN's correction range from the 4x cache length
+        lambda: MRotaryEmbedding(D, D, ORIG, BASE, True, torch.float32, [8, 12, 12], scaling_factor=2.0),
+        lambda: table64(torch.arange(8 * ORIG), yarn_inv_freq64(BASE, D, 2.0, 4 * ORIG), mscale(2.0))),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_scaling_variant_cache(variant):
+    make_op, formula = VARIANTS[variant]
+    op = make_op()
+    want, angles = formula()
+    assert op.name == "rotary_embedding" and isinstance(op, RotaryEmbedding)
+    assert op.cos_sin_cache.shape == want.shape and op.cos_sin_cache.dtype == torch.float32
+    # fp32 arithmetic (as in vLLM and HF): the angle is off by a few ulps of itself, cos/sin by
+    # that plus their own rounding.
+    scale = want.abs().max()
+    bound = scale * (8 * EPS32 * torch.cat((angles, angles), -1) + 4 * EPS32)
+    err = (op.cos_sin_cache.double() - want).abs()
+    assert (err <= bound).all(), f"{variant}: max err {float(err.max()):.3g}, worst excess {float((err - bound).max()):.3g}"
+
+
+def test_linear_scaling_offsets():
+    op = LinearScalingRotaryEmbedding(D, D, ORIG, BASE, True, [1.0, 2.5], torch.float32)
+    assert op.scaling_factor_to_offset == {1.0: 0, 2.5: ORIG}
+
+
+# ---- get_rope ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("params,cls", [
+    (None, RotaryEmbedding),
+    ({"rope_type": "linear", "factor": 2.0}, LinearScalingRotaryEmbedding),
+    ({"type": "dynamic", "factor": 2.0}, DynamicNTKScalingRotaryEmbedding),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "beta_fast": 16,
+      "mscale": 3.0}, YaRNScalingRotaryEmbedding),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 512}, Llama3RotaryEmbedding),
+    ({"rope_type": "deepseek_yarn", "factor": 4.0, "original_max_position_embeddings": 256, "mscale": 1.0,
+      "mscale_all_dim": 1.0}, DeepseekScalingRotaryEmbedding),
+    ({"type": "mrope", "mrope_section": [8, 12, 12]}, MRotaryEmbedding),
+    ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256,
+      "mrope_section": [8, 12, 12], "mrope_interleaved": True}, MRotaryEmbedding),
+], ids=["default", "linear", "dynamic", "yarn", "llama3", "deepseek_yarn", "mrope", "mrope-yarn"])
+def test_get_rope_builds_and_shares(params, cls):
+    rope = get_rope(D, D, 1024, BASE, True, params, torch.float32)
+    assert type(rope) is cls
+    assert get_rope(D, D, 1024, BASE, True, None if params is None else dict(params), torch.float32) is rope
+    assert get_rope(D, D, 1024, BASE, False, params, torch.float32) is not rope
+
+
+def test_get_rope_parameters_form_and_partial_rotary():
+    rope = get_rope(128, max_position=1024, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                                              "partial_rotary_factor": 0.5})
+    assert (rope.rotary_dim, rope.base, rope.dtype) == (64, 1e6, torch.get_default_dtype())
+    assert get_rope(128, 128, 1024, 1e6, True, partial_rotary_factor=0.25).rotary_dim == 32
+    dual = get_rope(D, D, 1024, BASE, True, dual_chunk_attention_config={"chunk_size": 64, "local_size": 8,
+                                                                         "original_max_position_embeddings": 512})
+    assert type(dual) is DualChunkRotaryEmbedding and (dual.chunk_size, dual.local_size) == (64, 8)
+
+
+def test_get_rope_errors():
+    with pytest.raises(ValueError, match=r"unknown rope type 'su'; known: default, linear, dynamic, yarn"):
+        get_rope(D, D, 1024, BASE, True, {"rope_type": "su"})
+    with pytest.raises(ValueError, match="'factor'"):
+        get_rope(D, D, 1024, BASE, True, {"rope_type": "linear"})
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        get_rope(D, D, 1024, BASE, True, partial_rotary_factor=1.5)
+
+
+# ---- M-RoPE ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["sections", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_mrope_sections(dtype, interleaved):
+    section, tokens = [8, 12, 12], 5
+    op = build(MRotaryEmbedding, D, D, ORIG, BASE, True, dtype, section, interleaved)
+    gen = torch.Generator().manual_seed(3)
+    positions = torch.randint(0, 4 * ORIG, (3, tokens), generator=gen)
+    q, k = randn(tokens, 4 * D, dtype=dtype, generator=gen), randn(tokens, 2 * D, dtype=dtype, generator=gen)
+
+    def row_of(j):  # which of (t, h, w) drives frequency lane j
+        if interleaved:
+            return 1 if j % 3 == 1 and j < 3 * section[1] else 2 if j % 3 == 2 and j < 3 * section[2] else 0
+        return 0 if j < section[0] else 1 if j < section[0] + section[1] else 2
+
+    table = op.cos_sin_cache.double()
+    cos = torch.stack([torch.stack([table[positions[row_of(j), t], j] for j in range(D // 2)]) for t in range(tokens)])
+    sin = torch.stack([torch.stack([table[positions[row_of(j), t], D // 2 + j] for j in range(D // 2)])
+                       for t in range(tokens)])
+    out_q, out_k = op(positions, q, k)  # native on every platform
+    for x, got in ((q, out_q), (k, out_k)):
+        want, mag = rope_reference(x, cos, sin, D, True)
+        assert_rotated(got, want, mag, dtype)
+    text_q, _ = op(positions[0], q, k)  # 1-D positions: plain RoPE
+    assert torch.equal(text_q, build(RotaryEmbedding, D, D, 4 * ORIG, BASE, True, dtype).forward_native(
+        positions[0], q, k)[0])
+
+
+# ---- ApplyRotaryEmb ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["forward_native", "forward_cpu", "forward_cuda"])
+@pytest.mark.parametrize("fp32", [False, True], ids=["in-dtype", "fp32-compute"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_apply_rotary_emb(dtype, fp32, path):
+    for shape, rot, neox in (((2, 5, 3, 64), 64, True), ((7, 4, 32), 16, False)):
+        gen = torch.Generator().manual_seed(1)
+        x = randn(*shape, dtype=dtype, generator=gen)
+        angles = torch.rand(shape[-3], rot // 2, generator=gen, dtype=torch.float64) * 6.3
+        cos, sin = angles.cos().float(), angles.sin().float()
+        with forced_platform("cuda"):
+            op = build(ApplyRotaryEmb, False, neox, fp32, config=KERNEL_CONFIG)  # enforce_enable first
+            x0 = x.clone()
+            got = getattr(op, path)(x, cos, sin)
+        assert torch.equal(x, x0) and got.dtype == dtype and got.shape == x.shape
+        # the op casts cos/sin to the compute dtype first; the reference starts from those values
+        c, s = (cos, sin) if fp32 else (cos.to(dtype), sin.to(dtype))
+        flat = x.reshape(-1, shape[-1])
+        rows = shape[-3] if len(shape) == 3 else shape[0] * shape[1]
+        want, mag = rope_reference(flat.reshape(rows, -1), c.repeat(rows // shape[-3], 1),
+                                   s.repeat(rows // shape[-3], 1), shape[-1], neox)
+        assert_rotated(got.reshape(rows, -1), want, mag, dtype)
+
+
+def test_apply_rotary_emb_cpu_compiled(monkeypatch):
+    monkeypatch.setattr(apply_module, "CPU_COMPILE_MIN_NUMEL", 0)  # compile on
+    gen = torch.Generator().manual_seed(2)
+    x = randn(2, 10, 3, 64, dtype=torch.bfloat16, generator=gen)
+    angles = torch.rand(10, 32, generator=gen, dtype=torch.float64) * 6.3
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    got = build(ApplyRotaryEmb, False, False).forward_cpu(x, cos, sin)
+    want, mag = rope_reference(x.reshape(20, -1), cos.repeat(2, 1), sin.repeat(2, 1), 64, False)
+    assert_rotated(got.reshape(20, -1), want, mag, torch.bfloat16)
+
+
+def test_apply_rotary_emb_checks_and_compile():
+    op = build(ApplyRotaryEmb, True)
+    assert op._enforce_enable
+    x, cos = torch.randn(4, 2, 32), torch.randn(4, 16)
+    with pytest.raises(ValueError, match="apply_rotary_emb: cos has 3 positions"):
+        op._forward_kernel(x, cos[:3], cos[:3])
+    with pytest.raises(ValueError, match="apply_rotary_emb: cos/sin rotate 64 lanes"):
+        op._forward_kernel(x, torch.randn(4, 32), torch.randn(4, 32))
+    with pytest.raises(TypeError, match="apply_rotary_emb: x must be a floating-point"):
+        op._forward_kernel(x.int(), cos, cos)
+    with forced_platform("cuda"):
+        kernel_op = build(ApplyRotaryEmb, False, False, config=KERNEL_CONFIG)
+        got = torch.compile(kernel_op, fullgraph=True, backend="aot_eager")(x, cos, cos)
+    assert torch.equal(got, kernel_op.forward_native(x, cos, cos))
+
+
+# ---- DualChunkRotaryEmbedding ------------------------------------------------------------------
+
+
+def test_dual_chunk_five_variants():
+    chunk, local, tokens, heads, kv_heads = 16, 4, 9, 2, 1
+    L = chunk - local
+    op = build(DualChunkRotaryEmbedding, D, 48, 64, BASE, True, torch.float32, chunk, local)
+    gen = torch.Generator().manual_seed(5)
+    positions = torch.randint(0, 60, (tokens,), generator=gen)
+    offsets = torch.full((tokens,), 2)
+    q, k = randn(tokens, heads * D, generator=gen), randn(tokens, kv_heads * D, generator=gen)
+    out_q, out_k = op(positions, q, k, offsets)
+    p = positions + offsets
+    inv = inv_freq64(BASE, 48)
+    # the position each variant rotates by, straight from the five cache definitions
+    variants = [p % L, torch.clamp(p % L + L, max=chunk), torch.full_like(p, min(2 * L - 1, chunk)),
+                p % L + L, p % L + chunk]
+    assert out_q.shape == (tokens, 5 * heads * D) and out_k.shape == (tokens, kv_heads * D)
+    angle_error = 8 * EPS32 * float(max(v.max() for v in variants + [p % L])) + 4 * EPS32
+    for i, pos in enumerate(variants):
+        angles = pos.double()[:, None] * inv
+        want, mag = rope_reference(q, angles.cos(), angles.sin(), D, True)
+        assert_rotated(out_q[:, i * heads * D:(i + 1) * heads * D], want, mag, torch.float32, angle_error, f"variant {i}")
+    angles = (p % L).double()[:, None] * inv
+    want, mag = rope_reference(k, angles.cos(), angles.sin(), D, True)
+    assert_rotated(out_k, want, mag, torch.float32, angle_error, "key")
+
+
+# ---- conformance through the sample builders ----------------------------------------------------
+
+
+@pytest.mark.parametrize("op_cls", [RotaryEmbedding, ApplyRotaryEmb, DualChunkRotaryEmbedding],
+                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize("platform", [None, CudaWithoutGpu()], ids=["cpu", "cuda-wiring"])
+def test_conforms(op_cls, platform, monkeypatch):
+    # Only the 17-token sample takes the compiled CPU branch here (its specializations are the
+    # compiled tests' above); compiling every small sample would add ~20 s for no new code path.
+    monkeypatch.setattr(rope_base, "CPU_COMPILE_MIN_TOKENS", 16)
+    with torch._dynamo.config.patch(recompile_limit=64):
+        assert_conforms(op_cls, platform=platform)
