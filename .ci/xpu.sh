@@ -41,9 +41,10 @@ if ! "$venv/bin/pip" install -q -e . --no-deps > "$venv/install-customop.log" 2>
     exit 1
 fi
 echo "xpu tier: environment ready in $((SECONDS - t0)) s"
-"$venv/bin/python" -c 'import importlib.metadata as md, torch
-print("xpu tier: torch", torch.__version__, "| intel-extension-for-pytorch",
-      md.version("intel-extension-for-pytorch"), "| torch.xpu.is_available():", torch.xpu.is_available())'
+"$venv/bin/python" -c 'import torch
+from customop.backends.xpu.probe import probe
+env = probe()
+print("xpu tier: torch", env.torch_version, "| IPEX", env.ipex_version, "| XPU device:", env.xpu_device)'
 
 t1=$SECONDS
 "$venv/bin/python" -m pytest tests/backends/xpu -q -p no:cacheprovider "$@"

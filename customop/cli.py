@@ -29,6 +29,10 @@ def cmd_info(_args: argparse.Namespace) -> int:
         ok, why = spec.status()
         rows.append([spec.name, "yes" if ok else "no", why])
     print(format_table(["backend", "importable", "why"], rows))
+    if platform.is_xpu():
+        from customop.backend_loader import load_backend
+
+        print("\nxpu providers:\n" + load_backend("xpu").describe())
     print("\ndispatch:")
     report = dispatch_report(config, platform)
     table = [[r.op, r.op_class + (f" -> {r.replaced_by}" if r.replaced_by else ""),

@@ -78,12 +78,11 @@ def _rms_norm_jit(x, weight, residual, *, op, eps, weight_mode, variance_size, b
         outs = tuple(jnp.zeros(x.shape, x.dtype) for _ in range(n_out))
         return outs if residual is not None else outs[0]
 
-    itemsize = x.dtype.itemsize
-    block = tiling.row_block(op, rows, tiling.bytes_per_row(
-        *[hidden * a.dtype.itemsize for a in arrays[: 1 + (residual is not None)]],
-        *[hidden * itemsize] * n_out, f32_temps=3, width=hidden), block_rows)
+    row_arrays = 1 + (residual is not None)
+    row_bytes = [hidden * x.dtype.itemsize] * (row_arrays + n_out)
+    block = tiling.row_block(op, rows, tiling.bytes_per_row(*row_bytes, f32_temps=3, width=hidden), block_rows)
     row_spec = pl.BlockSpec((block, hidden), lambda i: (i, 0))
-    in_specs = [row_spec] * (1 + (residual is not None))
+    in_specs = [row_spec] * row_arrays
     if weight is not None:
         in_specs.append(pl.BlockSpec((1, hidden), lambda i: (0, 0)))
     kernel = functools.partial(_rms_norm_kernel, eps=eps, weight_mode=weight_mode,

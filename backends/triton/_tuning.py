@@ -48,6 +48,13 @@ class RowConfig:
     #: 0: one program per row block; k > 0: a persistent grid of k programs per SM looping over
     #: row blocks with the next block's loads in flight (rms_norm family only)
     programs_per_sm: int = 0
+    #: > 0: cap on registers per thread (NVIDIA's ``maxnreg``), so that one more program fits
+    #: on an SM (e.g. Gemma's fp32 epilogue takes 40 at 16 warps: 3 programs per SM, 4 at 32)
+    maxnreg: int = 0
+
+    @property
+    def launch_options(self) -> dict[str, int]:
+        return {"num_warps": self.num_warps, **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,8 +220,8 @@ def rotary_config(device: torch.device) -> RotaryConfig:
 #: alternatives the runner's --sweep times per config kind (fields replaced in the table's pick;
 #: for ``rows`` only block_m and num_warps, since block_n must cover the row)
 SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
-    "rows": tuple({"num_warps": w} for w in (2, 4, 8, 16, 32)) + tuple({"block_m": m} for m in (1, 2, 4))
-    + tuple({"programs_per_sm": p} for p in (1, 2, 4, 8)),
+    "rows": tuple({"num_warps": w} for w in (4, 8, 16, 32)) + ({"block_m": 2},)
+    + tuple({"programs_per_sm": p} for p in (1, 2, 4)) + ({"maxnreg": 32}, {"maxnreg": 32, "programs_per_sm": 4}),
     "tile": tuple({"block_n": n, "num_warps": w} for n, w in ((512, 1), (512, 2), (1024, 2), (1024, 4),
                                                               (2048, 4), (2048, 8), (4096, 8), (4096, 16))),
     "flat": tuple({"block_n": n, "num_warps": w} for n, w in ((512, 1), (1024, 4), (2048, 4), (2048, 8), (4096, 4),

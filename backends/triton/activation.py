@@ -239,7 +239,7 @@ def gelu_and_mul_sparse(x: torch.Tensor, std_multiplier: float, approximate: str
         _gelu_sparse_kernel[grid](rows, out_rows, n_rows, d, row_stride(rows), d, std_multiplier,
                                   APPROX_TANH=tanh, SINGLE_TILE=cfg.single_tile,
                                   BLOCK_M=cfg.block_m if cfg.single_tile else 1, BLOCK_N=cfg.block_n,
-                                  num_warps=cfg.num_warps)
+                                  **cfg.launch_options)
     return out
 
 
@@ -295,5 +295,7 @@ KERNELS = {
 
 #: which _tuning config kind each op's kernel reads (for the benchmark runner's --sweep)
 TUNING = {name: "tile" for name in KERNELS}
-TUNING.update({"customop::gelu_and_mul_sparse": "rows", **{f"customop::{n}": "flat" for n in
+#: (the sparse kernel has no persistent grid)
+_SPARSE_SWEEP = tuple({"num_warps": w} for w in (8, 16, 32)) + ({"block_m": 2}, {"num_warps": 16, "maxnreg": 64})
+TUNING.update({"customop::gelu_and_mul_sparse": ("rows", _SPARSE_SWEEP), **{f"customop::{n}": "flat" for n in
                ("gelu_new", "gelu_fast", "quick_gelu", "relu2", "xielu")}})

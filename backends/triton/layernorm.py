@@ -164,7 +164,7 @@ def _launch_rms(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
             x, res, out, w, n_rows, n_cols, row_stride(x), row_stride(res), row_stride(out), eps,
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, GEMMA=gemma,
             SINGLE_TILE=cfg.single_tile, BLOCK_M=cfg.block_m if cfg.single_tile else 1,
-            BLOCK_N=cfg.block_n, STAGES=stages, num_warps=cfg.num_warps)
+            BLOCK_N=cfg.block_n, STAGES=stages, **cfg.launch_options)
 
 
 def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
@@ -231,7 +231,7 @@ def rms_norm_gated(x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None
             xr, zt, outr, weight.contiguous(), n_rows, group_size, row_stride(xr), row_stride(zt),
             row_stride(outr), eps, HAS_Z=z is not None, NORM_BEFORE_GATE=norm_before_gate, SIGMOID=sigmoid,
             SINGLE_TILE=cfg.single_tile, BLOCK_M=cfg.block_m if cfg.single_tile else 1,
-            BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+            BLOCK_N=cfg.block_n, **cfg.launch_options)
     if not direct:
         out.copy_(outr.view(out.shape))
     return out

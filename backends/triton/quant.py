@@ -311,7 +311,7 @@ def row_quant(x: torch.Tensor, weight: torch.Tensor | None, eps: float, scale_ub
             rows, weight if weight is not None else rows, scale_ub if scale_ub is not None else rows,
             q, scale, m, n, row_stride(rows), eps, fp8_max, min_scale,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ONE_PASS=cfg.single_tile, NORM=norm,
-            HAS_WEIGHT=weight is not None, HAS_UB=scale_ub is not None, num_warps=cfg.num_warps)
+            HAS_WEIGHT=weight is not None, HAS_UB=scale_ub is not None, **cfg.launch_options)
     return q, scale
 
 
@@ -395,7 +395,7 @@ KERNELS = {
 }
 #: which _tuning table each op reads (the benchmark runner's --sweep times its alternatives)
 #: (the row kernel has no persistent grid: its sweep leaves programs_per_sm out)
-ROW_SWEEP = tuple({"num_warps": w} for w in (4, 8, 16, 32)) + ({"block_m": 2},)
+ROW_SWEEP = tuple({"num_warps": w} for w in (4, 8, 16, 32)) + ({"block_m": 2}, {"maxnreg": 32})
 TUNING = {"customop::static_scaled_fp8_quant": "flat", "customop::dynamic_scaled_fp8_quant": "flat",
           "customop::dynamic_per_token_scaled_fp8_quant": ("rows", ROW_SWEEP),
           "customop::per_token_group_fp8_quant": "flat"}

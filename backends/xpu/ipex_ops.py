@@ -3,14 +3,15 @@
 ``fns`` is ``intel_extension_for_pytorch.llm.functional`` (or a stand-in in tests). The two IPEX
 builds name some functions differently; each binder below picks by what ``fns`` has:
 
-| customop op          | XPU build (2.8.10+xpu)                                  | CPU build (2.8.0+cpu, PyPI)                              |
-|----------------------|---------------------------------------------------------|----------------------------------------------------------|
-| rms_norm             | ``rms_norm(x, weight, eps)``                            | same                                                     |
-| fused_add_rms_norm   | ``add_rms_norm(residual, x, weight, None, eps, True)``  | same                                                     |
-| silu_and_mul         | ``silu_and_mul(x, out)`` (halves split inside)          | ``silu_mul(x[..., :d], x[..., d:], out)``                |
-| gelu_and_mul         | ``gelu_and_mul(x, out, approximate)``                   | ``gelu_mul(x[..., :d], x[..., d:], out, approximate)``   |
-| quick_gelu           | ``gelu_quick(x, out)``                                  | (absent)                                                 |
-| rotary_embedding     | ``rotary_embedding_batched(positions, q, k, head_size, cos_sin_cache, is_neox, rot_dim)`` | ``rotary_embedding(q, k, sin, cos, rot_dim, is_neox)`` with sin/cos gathered per token |
+| customop op        | XPU build (2.8.10+xpu)                                 | CPU build (2.8.0+cpu, PyPI)                            |
+|--------------------|--------------------------------------------------------|--------------------------------------------------------|
+| rms_norm           | ``rms_norm(x, weight, eps)``                           | same                                                   |
+| fused_add_rms_norm | ``add_rms_norm(residual, x, weight, None, eps, True)`` | same                                                   |
+| silu_and_mul       | ``silu_and_mul(x, out)`` (halves split inside)         | ``silu_mul(x[..., :d], x[..., d:], out)``              |
+| gelu_and_mul       | ``gelu_and_mul(x, out, approximate)``                  | ``gelu_mul(x[..., :d], x[..., d:], out, approximate)`` |
+| quick_gelu         | ``gelu_quick(x, out)``                                 | (absent)                                               |
+| rotary_embedding   | ``rotary_embedding_batched(positions, q, k, head_size, | ``rotary_embedding(q, k, sin, cos, rot_dim, is_neox)`` |
+|                    | cos_sin_cache, is_neox, rot_dim)``                     | with sin/cos gathered per token; full rotation only    |
 
 In-place behaviour, as the schemas require: ``add_rms_norm(..., add_back=True)`` stores
 ``x + residual`` into ``residual`` and *returns* the normalised sum, which is then copied into

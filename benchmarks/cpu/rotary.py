@@ -35,7 +35,8 @@ MAX_POS = 4096
 
 def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int,
                      stat: Callable[[list[float]], float] = min) -> dict[str, float]:
-    """Seconds per call: ``stat`` (min by default) over single timed calls, the methods interleaved.
+    """Seconds per call: ``stat`` (min by default) over single timed calls, the methods interleaved
+    in a rotating order.
     Short calls get more rounds (up to ~0.3 s of calls per method, at most 20x ``rounds``). The
     minimum estimates the uncontended cost on a shared VM, where preemption of one OpenMP thread
     stalls a whole parallel region (medians there swing by 10-100x)."""
@@ -47,10 +48,12 @@ def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int,
         fn()
         n = max(n, min(20 * rounds, int(0.3 / max(time.perf_counter() - start, 1e-7))))
     samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(n):
-        for name, fn in fns.items():
+    names = list(fns)
+    for i in range(n):
+        # rotate the order: a method timed right after another sees that one's cache footprint
+        for name in names[i % len(names):] + names[: i % len(names)]:
             start = time.perf_counter()
-            fn()
+            fns[name]()
             samples[name].append(time.perf_counter() - start)
     return {k: stat(v) for k, v in samples.items()}
 

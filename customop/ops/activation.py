@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -405,32 +405,7 @@ class XIELU(_Activation):
 
 # ---- factories: one shared instance per name, built on first use (vLLM's LazyDict) ------------
 
-
-class _SharedInstances(Mapping[str, nn.Module]):
-    """name -> module, built by its factory on first access and cached for the process. Every
-    layer asking for "silu" gets the same module, dispatched under the config current then."""
-
-    def __init__(self, factories: dict[str, Callable[..., nn.Module]]) -> None:
-        self.factories = factories
-        self._built: dict[str, nn.Module] = {}
-
-    def __getitem__(self, name: str) -> nn.Module:
-        if name not in self._built:
-            self._built[name] = self.factories[name]()
-        return self._built[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.factories)
-
-    def __len__(self) -> int:
-        return len(self.factories)
-
-    def clear(self) -> None:
-        """Drops the built instances (tests; or after changing the config)."""
-        self._built.clear()
-
-
-ACTIVATIONS = _SharedInstances({
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "gelu": nn.GELU,
     "gelu_fast": FastGELU,
     "gelu_new": NewGELU,
@@ -442,14 +417,28 @@ ACTIVATIONS = _SharedInstances({
     "tanh": nn.Tanh,
     "sigmoid": nn.Sigmoid,
     "xielu": XIELU,
-})
-
-ACTIVATIONS_AND_MUL = _SharedInstances({
+}
+ACTIVATIONS_AND_MUL: dict[str, Callable[..., nn.Module]] = {
     "gelu": GeluAndMul,
     "geglu": GeluAndMul,
     "silu": SiluAndMul,
     "swigluoai": SwigluOAIAndMul,
-})
+}
+#: (registry, name) -> module. Every layer asking for "silu" gets the same module, dispatched
+#: under the config current when it was first asked for.
+_shared: dict[tuple[int, str], nn.Module] = {}
+
+
+def _shared_instance(factories: dict[str, Callable[..., nn.Module]], name: str) -> nn.Module:
+    key = (id(factories), name)
+    if key not in _shared:
+        _shared[key] = factories[name]()
+    return _shared[key]
+
+
+def clear_shared_activations() -> None:
+    """Forgets the shared instances (tests, or after changing the config)."""
+    _shared.clear()
 
 
 def get_act_fn(act_fn_name: str) -> nn.Module:
@@ -462,7 +451,7 @@ def get_act_fn(act_fn_name: str) -> nn.Module:
             return nn.Identity()
     if name not in ACTIVATIONS:
         raise ValueError(f"get_act_fn: activation {act_fn_name!r} is not supported; known: {sorted(ACTIVATIONS)}")
-    return ACTIVATIONS[name]
+    return _shared_instance(ACTIVATIONS, name)
 
 
 def get_act_and_mul_fn(act_fn_name: str, **kwargs: Any) -> nn.Module:
@@ -473,5 +462,5 @@ def get_act_and_mul_fn(act_fn_name: str, **kwargs: Any) -> nn.Module:
         raise ValueError(f"get_act_and_mul_fn: activation {act_fn_name!r} is not supported; "
                          f"known: {sorted(ACTIVATIONS_AND_MUL)}")
     if kwargs:
-        return ACTIVATIONS_AND_MUL.factories[name](**kwargs)
-    return ACTIVATIONS_AND_MUL[name]
+        return ACTIVATIONS_AND_MUL[name](**kwargs)
+    return _shared_instance(ACTIVATIONS_AND_MUL, name)

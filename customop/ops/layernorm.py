@@ -135,7 +135,7 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 #: OpenMP region) plus ~2.5 us of this wrapper, about what the whole eager op costs on a few
 #: thousand elements. Measured on the 2-core CI box (benchmarks/results/cpu_layernorm.md): in
 #: bf16/fp16, where eager also pays separate cast kernels, compiled wins from one 4096-wide token;
-#: in fp32 it ties up to 4x4096 and wins from 16x4096.
+#: in fp32 it loses up to 4x4096 and wins from 8x4096.
 CPU_COMPILE_MIN_NUMEL = 4096
 CPU_COMPILE_MIN_NUMEL_FP32 = 32768
 

@@ -2,19 +2,19 @@
 
 Weights are random (not the ones/zeros init) so that a path which ignores or misplaces the weight
 fails. Shapes: a single token, odd sizes, and one 3-D input; all small enough to run eagerly in
-``forward_cpu`` except the last, which crosses ``CPU_COMPILE_MIN_NUMEL`` to cover the compiled path.
+``forward_cpu`` except the last, which crosses the compile thresholds to cover the compiled path.
 """
 
 from __future__ import annotations
 
 import torch
 
-from customop.ops.layernorm import CPU_COMPILE_MIN_NUMEL
+from customop.ops.layernorm import CPU_COMPILE_MIN_NUMEL_FP32
 from customop.testing import Sample, randn, register_samples
 
 #: (leading dims, hidden)
 _SHAPES = (((1,), 64), ((5,), 97), ((2, 3), 128))
-_LARGE = ((CPU_COMPILE_MIN_NUMEL // 1024 + 3,), 1024)
+_LARGE = ((CPU_COMPILE_MIN_NUMEL_FP32 // 1024 + 3,), 1024)
 
 
 def _rand(shape, dtype, device, gen) -> torch.Tensor:

@@ -376,7 +376,7 @@ def test_samples_conform(cls):
 
 
 def test_get_act_fn():
-    act.ACTIVATIONS.clear()
+    act.clear_shared_activations()
     silu = act.get_act_fn("SiLU")
     assert isinstance(silu, torch.nn.SiLU) and act.get_act_fn("silu") is silu
     assert act.get_act_fn("torch.nn.modules.activation.SiLU") is silu
@@ -392,7 +392,7 @@ def test_get_act_fn():
 
 
 def test_get_act_and_mul_fn():
-    act.ACTIVATIONS_AND_MUL.clear()
+    act.clear_shared_activations()
     silu = act.get_act_and_mul_fn("silu")
     assert isinstance(silu, act.SiluAndMul) and act.get_act_and_mul_fn("SILU") is silu
     assert act.get_act_and_mul_fn("gelu").approximate == "none"
@@ -406,13 +406,13 @@ def test_get_act_and_mul_fn():
 
 
 def test_shared_instance_keeps_the_config_of_first_use():
-    act.ACTIVATIONS_AND_MUL.clear()
+    act.clear_shared_activations()
     with use_config(Config(custom_ops=["none"])):
         first = act.get_act_and_mul_fn("gelu")
     with use_config(Config(custom_ops=["all"])):
         assert act.get_act_and_mul_fn("gelu") is first
     assert first._forward_method == first.forward_native
-    act.ACTIVATIONS_AND_MUL.clear()
+    act.clear_shared_activations()
 
 
 def test_xielu_reads_beta_and_eps_from_a_state_dict():
