@@ -2,6 +2,19 @@
 torch.compile(native) and Liger, on the current CUDA device. Usage and method: benchmarks/README.md.
 
     python -m customop.benchmarks.runner --out DIR [--ops PATTERNS] [--quick] [--sweep]
+
+Timing (every implementation the same way): decode sizes (<= 16 tokens) are 20 calls in one CUDA
+graph on L2-hot inputs; larger ones (by default, ``--timer graph``) the same graph over enough
+input copies that their traffic is 3x the L2, so the calls stream from HBM. Replays are queued
+behind a device sleep. Why not triton's do_bench: its timed region starts when the device
+reaches the start event, and on the H200's host the Python launch path of these ops (100-240 us
+per call, measured) is longer than do_bench's 256 MB L2 flush before it, so the device idles
+inside the timed region and the numbers were the host's, in phases (the same kernel measured
+30 us and 170 us minutes apart). ``--timer queued`` keeps the flush and queues the calls behind a
+sleep sized from the measured launch cost (still exposed when the host slows down mid-run);
+``--timer do_bench`` is the old method. Each row also times a device copy moving the op's bytes
+the same way ("% same-size copy"): at 4096 x 8192 a copy of that traffic reaches only ~85-90% of
+the 1 GiB copy ceiling, which bounds every implementation.
 """
 
 from __future__ import annotations
@@ -34,8 +47,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: --dry-run: the whole pipeline on CPU tensors with the Triton interpreter (checks, tables,
 #: files); times are single wall-clock calls and mean nothing
 _DRY_RUN = False
-#: "queued" (default) or "do_bench" (triton's, which counts host launch gaps): see time_queued
-_TIMER = "queued"
+#: beyond 256 tokens: "graph" (default: CUDA graphs over rotating inputs, as for 16 < tokens <=
+#: 256), "queued" (L2 flushed, queued behind a device sleep) or "do_bench" (triton's, which counts
+#: host launch gaps): see time_graph, time_queued, time_do_bench
+_TIMER = "graph"
 #: --timer-check: also time customop and compile with triton's do_bench (``us_do_bench``)
 _TIMER_CHECK = False
 
@@ -134,22 +149,26 @@ def time_queued(fn, entry: dict | None = None, rep_ms: float = 30.0, max_calls: 
 
 
 def time_large(fn, entry: dict | None = None) -> float:
+    """--timer do_bench, or queued (also the fallback of the graph timer when capture fails)."""
     return time_do_bench(fn) if _TIMER == "do_bench" else time_queued(fn, entry)
 
 
-def same_size_copy_us(nbytes: int) -> float:
-    """A device-to-device copy moving ``nbytes`` (half read, half written), timed as the ops are:
-    the most any kernel of that traffic can expect (launch, ramp-up and tail included)."""
-    src = torch.empty(max(nbytes // 8, 1), dtype=torch.int32, device="cuda").random_()
-    dst = torch.empty_like(src)
-    us = time_large(lambda: dst.copy_(src))
-    del src, dst
+def same_size_copy_us(nbytes: int, mode: str, sets: int) -> float:
+    """A device-to-device copy moving ``nbytes`` (half read, half written), over as many buffer
+    pairs and timed as the op's row is: what any kernel of that traffic can expect at this size
+    (launch, ramp-up and tail included)."""
+    pairs = [(torch.empty(max(nbytes // 8, 1), dtype=torch.int32, device="cuda").random_(),
+              torch.empty(max(nbytes // 8, 1), dtype=torch.int32, device="cuda")) for _ in range(sets)]
+    fns = [lambda src=src, dst=dst: dst.copy_(src) for src, dst in pairs]
+    us = _time(fns, mode, {})
+    del fns, pairs
     return us
 
 
-def time_graph(fns: list, replays: int = 60) -> float:
-    """us per call: GRAPH_CALLS calls (cycling over ``fns``) captured in one CUDA graph, replayed,
-    median replay time / GRAPH_CALLS."""
+def time_graph(fns: list, replays: int = 60, budget_ms: float = 25.0) -> float:
+    """us per call: GRAPH_CALLS calls (cycling over ``fns``) captured in one CUDA graph, replayed
+    (as many times as fit ``budget_ms``, 5 to ``replays``), median replay time / GRAPH_CALLS. The
+    replays are queued behind a device sleep, so the host's launch time never shows."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up (compilation, allocator) off the capture
@@ -160,10 +179,17 @@ def time_graph(fns: list, replays: int = 60) -> float:
     with torch.cuda.graph(graph):
         for k in range(GRAPH_CALLS):
             fns[k % len(fns)]()
-    for _ in range(5):
+    for _ in range(3):
         graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    replays = max(5, min(replays, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    _device_sleep(2.0 + 0.2 * replays)
     for s, e in zip(starts, ends):
         s.record()
         graph.replay()
@@ -228,8 +254,8 @@ def run_case(spec: OpSpec, shape: Shape, dtype: torch.dtype, impl_names: list[st
     ref = spec.impls["eager"](_fresh(inputs, spec.mutates))()
     _sync()
     decode = shape.tokens <= 16
-    mode = "graph" if shape.tokens <= 256 else "do_bench"
-    # 16 < tokens <= 256: rotate over input copies whose traffic is 3x the L2, so the timed calls
+    mode = "graph" if shape.tokens <= 256 or _TIMER == "graph" else "do_bench"
+    # beyond decode sizes, rotate over input copies whose traffic is 3x the L2, so the timed calls
     # miss it (decode sizes stay L2-hot, as in a real decode step)
     sets = 1 if decode or mode == "do_bench" else min(GRAPH_CALLS, max(1, -(-3 * l2_bytes // max(nbytes, 1))))
     for name in impl_names:
@@ -251,7 +277,7 @@ def run_case(spec: OpSpec, shape: Shape, dtype: torch.dtype, impl_names: list[st
             del out
             fns = [fn] + [f for f in (factory(c) for c in _copies(inputs, sets - 1)) if f is not None]
             entry["us"] = _time(fns, mode, entry)
-            if _TIMER_CHECK and mode == "do_bench" and not _DRY_RUN and name in ("customop", "compile"):
+            if _TIMER_CHECK and shape.tokens > 256 and not _DRY_RUN and name in ("customop", "compile"):
                 entry["us_do_bench"] = time_do_bench(fns[0])
         except Exception as exc:  # one implementation failing must not stop the run
             entry["failed"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
@@ -259,8 +285,8 @@ def run_case(spec: OpSpec, shape: Shape, dtype: torch.dtype, impl_names: list[st
             continue
         entry["gbps"] = nbytes / (entry["us"] * 1e-6) / 1e9
         entry["pct_copy"] = 100.0 * entry["gbps"] / copy_gbps
-    if mode == "do_bench" and not _DRY_RUN:
-        row["copy_same_us"] = copy_us = same_size_copy_us(nbytes)
+    if not decode and not _DRY_RUN:
+        row["copy_same_us"] = copy_us = same_size_copy_us(nbytes, mode, sets)
         row["copy_same_gbps"] = nbytes / (copy_us * 1e-6) / 1e9
     if sweep:
         row["sweep"] = _sweep(spec, inputs, mode, sets, sweep)
@@ -279,7 +305,7 @@ def _time(fns: list, mode: str, entry: dict) -> float:
         try:
             return time_graph(fns)
         except Exception as exc:  # e.g. an implementation that syncs: time it eagerly, say so
-            entry["note"] = f"graph capture failed ({type(exc).__name__}); do_bench"
+            entry["note"] = f"graph capture failed ({type(exc).__name__}); {'do_bench' if _TIMER == 'do_bench' else 'queued'}"
             torch.cuda.synchronize()
     return time_large(fns[0], entry)
 
@@ -373,10 +399,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also time each tuning alternative of the Triton kernels")
     parser.add_argument("--budget-s", type=float, default=330.0,
                         help="start no new shape after this many seconds (results so far are kept)")
-    parser.add_argument("--timer", default="queued", choices=("queued", "do_bench"),
-                        help="tokens > 256: queued (default; kernel time, host launch cost excluded) or triton's do_bench")
+    parser.add_argument("--timer", default="graph", choices=("graph", "queued", "do_bench"),
+                        help="tokens > 256: graph (default; CUDA graphs over rotating inputs), queued (L2 flushed, "
+                             "host launch cost excluded) or triton's do_bench (counts host launch gaps)")
     parser.add_argument("--timer-check", action="store_true",
-                        help="also time customop and compile with triton's do_bench, to compare the timers")
+                        help="also time customop and compile (tokens > 256) with triton's do_bench, to compare")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--dry-run", action="store_true",
                         help="run the pipeline on CPU (Triton interpreter, tokens <= 4): checks the specs, not speed")

@@ -129,7 +129,7 @@ def sweep_report(rows: list[dict]) -> str:
 
 def timer_report(rows: list[dict]) -> str:
     """--timer-check: the queued timer against triton's do_bench, with the host launch cost."""
-    out = ["\n### Timer check (tokens > 256)\n", "| op | shape | impl | queued us | do_bench us | host us per call |",
+    out = ["\n### Timer check (tokens > 256)\n", "| op | shape | impl | runner us | do_bench us | host us per call |",
            "|---|---|---|---|---|---|"]
     for r in rows:
         for name, e in r["impls"].items():

@@ -244,13 +244,19 @@ def run_conformance(op_cls: type, platform: Any = None, dtypes: Sequence[torch.d
             for sample in samples.build(dtype, device, gen):
                 op = build_op(op_cls, sample, device)
                 method = getattr(op._forward_method, "__name__", str(op._forward_method))
-                try:
-                    got = op(*_clone(sample.args), **_clone(sample.kwargs))
-                    want = in_tree.forward_native(op, *_clone(sample.args), **_clone(sample.kwargs))
-                    (sample.compare or (lambda a, e, d: assert_close(a, e, d)))(got, want, dtype)
-                    yield sample.label, dtype, method, max_error(got, want), None
-                except Exception as err:  # reported, not raised: the caller decides
-                    yield sample.label, dtype, method, float("nan"), f"{type(err).__name__}: {err}"
+                yield (sample.label, dtype, method, *_compare_once(op, in_tree, sample, dtype))
+
+
+def _compare_once(op: Any, in_tree: type, sample: Sample, dtype: torch.dtype) -> tuple[float, str | None]:
+    """(max error, failure or None) of ``op``'s resolved forward against the in-tree spec."""
+    try:
+        with torch.no_grad():  # inference ops; parameters must not drag autograd into the check
+            got = op(*_clone(sample.args), **_clone(sample.kwargs))
+            want = in_tree.forward_native(op, *_clone(sample.args), **_clone(sample.kwargs))
+        (sample.compare or (lambda a, e, d: assert_close(a, e, d)))(got, want, dtype)
+        return max_error(got, want), None
+    except Exception as err:  # reported, not raised: the caller decides
+        return float("nan"), f"{type(err).__name__}: {err}"
 
 
 def assert_conforms(op_cls: type, platform: Any = None, dtypes: Sequence[torch.dtype] | None = None,

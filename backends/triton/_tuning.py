@@ -5,25 +5,30 @@ seconds of warm-up, results that differ between runs) and cannot run under the i
 (research/kernel-testing-on-cpu.md). The tables are plain data; ``override`` lets the benchmark
 runner's ``--sweep`` time alternatives, and its results are how the numbers here get changed.
 
-Three config kinds:
-- ``rows``: a row reduction (the norms, gelu_and_mul_sparse). ``block_m`` rows per program;
-  ``block_n`` >= the row (or group) width when ``single_tile``, so the row stays in registers
-  and is read once; otherwise a loop over ``block_n`` chunks (two passes over the row).
+Config kinds:
+- ``rows``: a row reduction (the norms, gelu_and_mul_sparse, per-token quant). ``block_m`` rows
+  per program; ``block_n`` >= the row (or group) width when ``single_tile``, so the row stays in
+  registers and is read once; otherwise a loop over ``block_n`` chunks (two passes over the row).
 - ``tile``: a 2-D elementwise tile of the output (``*_and_mul``): ``block_m`` rows x ``block_n``
-  columns per program, grid (row blocks, column blocks).
-- ``flat``: a 1-D elementwise block over the flattened tensor (unary activations).
+  columns per program, programs in row-major tile order.
+- ``flat``: a 1-D elementwise block over the flattened tensor (unary activations, per-tensor
+  quant).
+- ``group``: per-token-group quant, ``block_m`` whole groups of one row per program.
+- ``rotary``: warps per program and forced head splits of the rotary kernel.
 
 Device types: ``cuda`` (NVIDIA), ``hip`` (AMD: a wavefront is 64 lanes, so half the warps give
 the same threads), ``xpu`` (Intel, as cuda), ``cpu`` (the Triton interpreter in CI: the cuda
 table, so that CI runs the GPU code paths, with one "SM").
 
-The cuda numbers are first picks from the usual rules for memory-bound kernels on Hopper
-(16-byte accesses, 8-32 fp32 values per thread, enough programs to cover 132 SMs twice), not yet
-swept on the H200. What compiling them for sm_90 without a GPU showed (tests/backends/triton/
-aot_check.py, triton 3.6 as on the H200 and 3.9): no spills anywhere, all accesses 16 bytes wide
-on aligned rows; the 8192-wide rms kernel at 16 warps takes 32-38 registers (3-4 resident
-programs, 48-64 warps per SM) and the fused add 40 (48 warps); 32 warps would keep 64 warps
-resident with half the bytes in flight per thread. Which wins is for ``--sweep`` to say.
+The cuda numbers follow from bytes in flight (an H200 SM needs ~64 KB of loads in flight to
+stream at full rate: 16-byte accesses, and enough registers left for four or more programs per
+SM) and were checked on the H200 (``--sweep``, 2026-11-29; the numbers beside each table). What
+compiling them for sm_90 without a GPU shows (tests/backends/triton/aot_check.py): no spills, all
+accesses 16 bytes wide on aligned rows; the 8192-wide rms kernel at 16 warps takes 32-38
+registers (3-4 resident programs), the quant row kernel at 4 warps ~90-100 (5 programs).
+Earlier sweeps (with triton's do_bench) were noise: on the H200's host the launch path took
+longer than do_bench's L2 flush, and the same config measured 30 and 170 us; the runner now
+times in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -89,15 +94,30 @@ ROW_TABLE: dict[str, tuple[tuple[int, int, int], ...]] = {
 #: rows wider than the table: chunk width and warps of the looped kernel
 LOOP_ROW: dict[str, tuple[int, int]] = {"cuda": (8192, 16)}
 
-#: tile / flat: elements per program for large tensors, the smallest block when the tensor is
-#: small (more programs spread a decode-sized tensor over more SMs), elements per warp (16 per
-#: thread: two 16-byte loads of bf16 in flight per thread and operand), and elements per warp when
-#: the grid has fewer than two programs per SM (8 per thread: one vector each, the shortest
-#: dependent chain per thread, which is what a latency-bound decode launch waits on)
+#: row kernels that keep the whole row live across a reduction and then quantize it (per-token
+#: fp8 quant, rms_norm + quant): single-row programs get the fewest warps (4 at least) that hold
+#: at most this many elements per thread. At 8192 wide that is 4 warps, ~90-100 registers: five
+#: programs (80 KB of loads) in flight per SM, against three (48 KB) at the norms' 16 warps, where
+#: the quant epilogue's registers (34-36) cost the fourth. Measured on the H200, 4096 x 8192 bf16:
+#: rms_norm + quant 33.4 us at 4 warps, 62-75 at 16 (the same-size copy: 28.6).
+QUANT_ROW_ELEMS_PER_THREAD: dict[str, int] = {"cuda": 64}
+
+#: tile / flat: elements per program for large tensors (16 per thread: two 16-byte loads of bf16
+#: in flight per thread and operand), the smallest block when the tensor is small (more programs
+#: spread a decode-sized tensor over more SMs), and elements per warp for each case (8 per thread
+#: when the grid has fewer than two programs per SM: one vector each, the shortest dependent chain
+#: per thread, which is what a latency-bound decode launch waits on).
+#: H200, bf16, graph-free medians: 2048 / 4 warps beat 4096 / 8 by 1-2 us on the 4096 x 8192
+#: unary ops (36.6-37.3 vs 38.2-38.8; same-size copy 36.1-37.6), 1024 / 2 is best or tied on the
+#: gated ops (gelu erf 97.3 vs 103-106 at 8 per thread), 1024 / 4 is best at decode (1.3-1.4 us).
 TILE_TABLE: dict[str, dict[str, int]] = {
-    "cuda": {"tile_elems": 2048, "tile_min_n": 512, "flat_elems": 4096, "flat_min": 512, "elems_per_warp": 512,
+    "cuda": {"tile_elems": 1024, "tile_min_n": 1024, "flat_elems": 2048, "flat_min": 1024, "elems_per_warp": 512,
              "small_elems_per_warp": 256},
 }
+#: per-token-group quant: elements per program (whole groups of one row), per thread, and the
+#: smallest program; 32 groups of 128 at 4 warps take ~55 registers: nine programs (72 KB of
+#: loads) in flight per SM, against six (48 KB) at 8 warps
+GROUP_TABLE: dict[str, dict[str, int]] = {"cuda": {"elems": 4096, "elems_per_thread": 32, "min_elems": 512}}
 
 _ALIASES = {"xpu": "cuda", "cpu": "cuda", "hip": "cuda"}
 _OVERRIDES: dict[str, dict[str, Any]] = {}
@@ -140,24 +160,24 @@ def _apply_override(name: str, cfg: Any) -> Any:
     return dataclasses.replace(cfg, **fields) if fields else cfg
 
 
-def row_config(device: torch.device, n_rows: int, n_cols: int, operands: int = 1) -> RowConfig:
-    """Config of a row reduction over ``n_cols`` lanes (a whole row, or one group).
-    ``operands=2``: the program keeps two row-sized fp32 tiles live (gelu_and_mul_sparse's gate
-    and up), so wide rows get twice the warps (up to 32) to keep registers per thread as for one."""
+def row_config(device: torch.device, n_rows: int, n_cols: int, quant: bool = False) -> RowConfig:
+    """Config of a row reduction over ``n_cols`` lanes (a whole row, or one group). ``quant``:
+    the per-token quant kernels (fewer warps per row, QUANT_ROW_ELEMS_PER_THREAD)."""
     kind = device_kind(device)
-    return _apply_override("rows", _row_config(kind, sm_count(device), n_rows, n_cols, operands))
+    return _apply_override("rows", _row_config(kind, sm_count(device), n_rows, n_cols, quant))
 
 
 @functools.lru_cache(maxsize=512)
-def _row_config(kind: str, sms: int, n_rows: int, n_cols: int, operands: int) -> RowConfig:
+def _row_config(kind: str, sms: int, n_rows: int, n_cols: int, quant: bool) -> RowConfig:
     width = next_pow2(n_cols)
     for max_width, block_m, warps in _table(ROW_TABLE, kind):
         if width <= max_width:
             # Fewer rows per program while that leaves fewer than two programs per SM.
             while block_m > 1 and _cdiv(n_rows, block_m) < 2 * sms:
                 block_m //= 2
-            if operands > 1 and block_m == 1:
-                warps = min(32, warps * operands)
+            if quant and block_m == 1:
+                per_thread = _table(QUANT_ROW_ELEMS_PER_THREAD, kind)
+                warps = min(warps, max(4, width // (32 * per_thread)))
             return RowConfig(block_m, width, _warps(kind, warps), True)
     chunk, warps = _table(LOOP_ROW, kind)
     return RowConfig(1, chunk, _warps(kind, warps), False)
@@ -210,9 +230,34 @@ def _flat_config(kind: str, sms: int, numel: int) -> TileConfig:
     return TileConfig(1, block, _warps(kind, warps))
 
 
-def rotary_config(device: torch.device) -> RotaryConfig:
+def group_config(device: torch.device, n_rows: int, groups_per_row: int, block_g: int) -> TileConfig:
+    """Per-token-group quant: ``block_m`` groups (of ``block_n`` = the padded group width) of one
+    row per program."""
     kind = device_kind(device)
-    return _apply_override("rotary", RotaryConfig(_warps(kind, 4)))
+    return _apply_override("group", _group_config(kind, sm_count(device), n_rows, groups_per_row, block_g))
+
+
+@functools.lru_cache(maxsize=512)
+def _group_config(kind: str, sms: int, n_rows: int, groups_per_row: int, block_g: int) -> TileConfig:
+    t = _table(GROUP_TABLE, kind)
+    groups = max(1, min(next_pow2(groups_per_row), t["elems"] // block_g))
+    min_groups = max(1, min(groups, t["min_elems"] // block_g))
+    while groups > min_groups and n_rows * _cdiv(groups_per_row, groups) < 2 * sms:
+        groups //= 2
+    small = n_rows * _cdiv(groups_per_row, groups) < 2 * sms
+    per_warp = 32 * (8 if small else t["elems_per_thread"])
+    return TileConfig(groups, block_g, _warps(kind, max(1, min(8, groups * block_g // per_warp))))
+
+
+def rotary_config(device: torch.device, num_tokens: int, is_neox: bool) -> RotaryConfig:
+    """neox: 8 warps per program when every token has its own program(s) anyway (H200, 4096
+    tokens x (32 + 8) heads of 128, bf16: 26.8 us at 8 warps, 37.0 at 4, the same-size copy
+    25.7); otherwise 4: at decode sizes, where the heads are split over programs (1.5 us against
+    1.7 at 8), and for gptj (26.4 us at 4, 26.8 at 8; at 8 its de-interleave loses the 16-byte
+    accesses)."""
+    kind = device_kind(device)
+    warps = 8 if is_neox and num_tokens >= 2 * sm_count(device) else 4
+    return _apply_override("rotary", RotaryConfig(_warps(kind, warps)))
 
 
 # ---- benchmark sweeps -------------------------------------------------------------------------
@@ -226,8 +271,8 @@ SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
                                                               (2048, 4), (2048, 8), (4096, 8), (4096, 16))),
     "flat": tuple({"block_n": n, "num_warps": w} for n, w in ((512, 1), (1024, 4), (2048, 4), (2048, 8), (4096, 4),
                                                               (4096, 8), (8192, 8), (8192, 16), (16384, 16))),
-    "rotary": ({"num_warps": 2}, {"num_warps": 8}, {"min_splits": 2}, {"num_warps": 2, "min_splits": 2},
-               {"num_warps": 8, "min_splits": 4}),
+    "rotary": ({"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16}, {"min_splits": 2}),
+    "group": tuple({"block_m": m, "num_warps": w} for m, w in ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8))),
 }
 
 

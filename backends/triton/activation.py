@@ -233,7 +233,7 @@ def gelu_and_mul_sparse(x: torch.Tensor, std_multiplier: float, approximate: str
     n_rows, d = out_rows.shape
     if out.numel() == 0:
         return out
-    cfg = config or _tuning.row_config(x.device, n_rows, d, operands=2)
+    cfg = config or _tuning.row_config(x.device, n_rows, d)
     grid = (triton.cdiv(n_rows, cfg.block_m) if cfg.single_tile else n_rows,)
     with device_guard(x.device):
         _gelu_sparse_kernel[grid](rows, out_rows, n_rows, d, row_stride(rows), d, std_multiplier,

@@ -33,13 +33,14 @@ import triton
 import triton.language as tl
 
 from customop.backends.triton._common import row_stride, rows_or_copy
-from customop.backends.triton._tuning import flat_config, row_config, sm_count
+from customop.backends.triton._tuning import flat_config, group_config, row_config, sm_count
 
 #: kernel 1 of the dynamic per-tensor quant: this many programs (and partial maxima) per SM,
-#: each looping over tiles of ``_AMAX_TILE_FACTOR`` elementwise blocks (32 KB of bf16 in flight per
-#: program); kernel 2 reads all partials in every program, so they stay ~1 KB
+#: each looping over tiles of ``_AMAX_BLOCK`` elements (32 KB of bf16 in flight per program, 64
+#: per thread); kernel 2 reads all partials in every program, so they stay ~1 KB
 _PARTIALS_PER_SM = 2
-_AMAX_TILE_FACTOR = 4
+_AMAX_BLOCK = 16384
+_AMAX_WARPS = 8
 _MAX_PARTIALS = 1024
 #: dynamic per-tensor quant of at most this many elements runs as one program (one launch: at
 #: decode sizes the second launch costs more than the two passes over an L2-hot tensor)
@@ -179,12 +180,12 @@ def _per_tensor(x: torch.Tensor, scale: torch.Tensor | None, out_dtype: torch.dt
         num_tiles = triton.cdiv(numel, block)
         if dynamic:
             # Kernel 1 is persistent: each program keeps one running max over its tiles.
-            amax_block = _AMAX_TILE_FACTOR * block
+            amax_block = _AMAX_BLOCK
             amax_tiles = triton.cdiv(numel, amax_block)
             num_partials = min(amax_tiles, _PARTIALS_PER_SM * sm_count(x.device), _MAX_PARTIALS)
             partials = torch.empty(num_partials, dtype=torch.float32, device=x.device)
             _absmax_partials_kernel[(num_partials,)](src, partials, numel, n, stride, amax_tiles,
-                                                     BLOCK=amax_block, CONTIG=contig, num_warps=warps)
+                                                     BLOCK=amax_block, CONTIG=contig, num_warps=_AMAX_WARPS)
         else:
             num_partials, partials = 1, scale
         _per_tensor_quant_kernel[(num_tiles,)](
@@ -303,7 +304,7 @@ def row_quant(x: torch.Tensor, weight: torch.Tensor | None, eps: float, scale_ub
         return q, scale
     rows = rows_or_copy(x)
     m, n = rows.shape
-    cfg = row_config(x.device, m, n)
+    cfg = row_config(x.device, m, n, quant=True)
     if scale_ub is not None and scale_ub.numel() != 1:
         raise ValueError(f"per-token fp8 quant: scale_ub must have one element, got {tuple(scale_ub.shape)}")
     with launch_device(x):
@@ -373,12 +374,9 @@ def per_token_group_fp8_quant(x: torch.Tensor, group_size: int, column_major_sca
         return q, scales
     rows = rows_or_copy(x)
     block_g = triton.next_power_of_2(group_size)
-    # an elementwise block from the flat table (elements and warps per program, smaller blocks
-    # when that leaves SMs idle), filled with whole groups of one row
-    cfg = flat_config(x.device, rows.shape[0] * groups_per_row * block_g)
-    groups = max(1, min(triton.next_power_of_2(groups_per_row), cfg.block_n // block_g))
+    cfg = group_config(x.device, rows.shape[0], groups_per_row, block_g)
+    groups, warps = cfg.block_m, cfg.num_warps
     chunks = triton.cdiv(groups_per_row, groups)
-    warps = max(1, min(cfg.num_warps, groups * block_g // 128))  # >= 4 elements per thread
     with launch_device(x):
         _group_quant_kernel[(rows.shape[0] * chunks,)](
             rows, q, scales, groups_per_row, chunks, hidden, row_stride(rows), max(tokens, 1),
@@ -395,7 +393,7 @@ KERNELS = {
 }
 #: which _tuning table each op reads (the benchmark runner's --sweep times its alternatives)
 #: (the row kernel has no persistent grid: its sweep leaves programs_per_sm out)
-ROW_SWEEP = tuple({"num_warps": w} for w in (4, 8, 16, 32)) + ({"block_m": 2}, {"maxnreg": 32})
+ROW_SWEEP = tuple({"num_warps": w} for w in (2, 4, 8, 16)) + ({"block_m": 2}, {"num_warps": 16, "maxnreg": 32})
 TUNING = {"customop::static_scaled_fp8_quant": "flat", "customop::dynamic_scaled_fp8_quant": "flat",
           "customop::dynamic_per_token_scaled_fp8_quant": ("rows", ROW_SWEEP),
-          "customop::per_token_group_fp8_quant": "flat"}
+          "customop::per_token_group_fp8_quant": "group"}

@@ -1,20 +1,23 @@
 """CPU timings of the norms family: eager native vs ``torch.compile(native)`` vs ``forward_cpu``.
 
-"eager math fn" is the module-level math function called directly; "op.forward_native" is the
-same through the op (what a disabled op runs, with the module's attribute lookups).
+    .venv/bin/python -m benchmarks.cpu.layernorm [--dtypes bf16,fp32] [--shapes 1x4096,...]
+        [--extra] [--min-time 0.4] [--threads N] [--clock wall|cpu]
 
-    .venv/bin/python -m benchmarks.cpu.layernorm [--dtypes bf16,fp32] [--extra] [--min-time 0.4]
-        [--threads N] [--clock wall|cpu]
+Prints a markdown table of microseconds per call, ``p5 / median``, for four paths: the math
+function called eagerly; ``op.forward_native`` (the same through the op, as a disabled op runs,
+with the module's attribute lookups); ``torch.compile`` of the math function with Inductor's
+defaults; and ``op.forward_cpu``. Speed-ups are ratios of the 5th percentiles.
 
-Prints a markdown table: microseconds per call as ``p5 / median`` for each path, and the
-speed-ups over eager computed from the 5th percentiles. Every call is timed on its own and the
-three paths take turns call by call in a shuffled order, so that other jobs' load (and the
-cache disturbance one call leaves for the next) falls on all three alike: on a
-shared 2-core machine one preempted OpenMP thread stalls a whole parallel region for a scheduler
-tick (4-24 ms), which swamps a mean or a per-block time. The fast tail is the uncontended cost
-(p5 rather than the minimum, which the thread CPU clock sometimes reads as 0); the median shows
-how much contention there was. ``--threads 1 --clock cpu`` counts only this thread's CPU
-time, which other jobs on the machine barely disturb.
+Method. Every call is timed on its own and the paths take turns call by call in a shuffled order,
+so that other jobs' load (and the cache disturbance one call leaves for the next, ~3-5 us after a
+compiled call) falls on all alike: on a shared 2-core machine one preempted OpenMP thread stalls a
+whole parallel region for a scheduler tick (4-24 ms), which swamps a mean or a per-block time. The
+fast tail is the uncontended cost (p5 rather than the minimum, which the thread CPU clock sometimes
+reads as 0); the median shows how much contention there was. ``--threads 1 --clock cpu`` counts
+only this thread's CPU time, which other jobs barely disturb. Compiled paths are timed in a
+serving loop's steady state: two other row counts are served first, so the timed calls run the
+graph that is dynamic in the rows (~4 us more per call than a static one; one-row calls still get
+a graph of their own, as Dynamo specialises size 1).
 """
 
 from __future__ import annotations
@@ -41,21 +44,27 @@ EXTRA_SHAPES = ((16, 4096), (256, 4096))
 def time_us(fns: list[Callable[[], object]], min_time: float,
             clock: Callable[[], int] = time.perf_counter_ns) -> list[tuple[float, float]]:
     """(5th percentile, median) time of one call of each of ``fns`` in microseconds by ``clock``,
-    the functions taking turns, over at least ``min_time`` seconds of wall time."""
+    the functions taking turns in a shuffled order, over at least ``min_time`` seconds."""
     for fn in fns:
         for _ in range(3):
             fn()  # warm-up: compiles, allocator caches
     times: list[list[float]] = [[] for _ in fns]
-    deadline = time.perf_counter() + min_time
     order = list(range(len(fns)))
     shuffle = random.Random(0).shuffle
+    deadline = time.perf_counter() + min_time
     while len(times[0]) < 10 or (time.perf_counter() < deadline and len(times[0]) < 5000):
-        shuffle(order)  # a call right after a compiled one runs ~3-5 us slower: share that out
+        shuffle(order)
         for i in order:
             start = clock()
             fns[i]()
             times[i].append((clock() - start) / 1e3)
     return [(statistics.quantiles(t, n=20)[0], statistics.median(t)) for t in times]
+
+
+def with_rows(args: tuple, shape: tuple[int, ...], rows: int) -> tuple:
+    """``args`` with every tensor shaped ``shape`` replaced by a random one with ``rows`` rows."""
+    return tuple(torch.randn(rows, *shape[1:], dtype=a.dtype)
+                 if isinstance(a, torch.Tensor) and a.shape == shape else a for a in args)
 
 
 def cases(dtype: torch.dtype, shapes, extra: bool):
@@ -95,6 +104,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = time.thread_time_ns if args.clock == "cpu" else time.perf_counter_ns
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
 
     print(f"date {datetime.date.today()}, torch {torch.__version__}, {platform.machine()}, "
           f"{os.cpu_count()} cores, {torch.get_num_threads()} threads, {args.clock} clock, "
@@ -105,19 +115,21 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     with torch.no_grad():
         for dtype_name in args.dtypes.split(","):
-            dtype = DTYPES[dtype_name]
-            shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
-            for label, shape, fn, op, fn_args, op_args in cases(dtype, shapes, args.extra):
+            for label, shape, fn, op, fn_args, op_args in cases(DTYPES[dtype_name], shapes, args.extra):
                 # Dynamo caches compiled code per code object, shared by the baseline and
                 # forward_cpu: start each case afresh so that no case meets the recompile limit.
                 torch._dynamo.reset()
-                compiled_fn = torch.compile(fn)  # Inductor defaults: the baseline
+                compiled_fn = torch.compile(fn)
+                for rows in (shape[0] + 1, shape[0] + 2):  # the serving loop's steady state
+                    compiled_fn(*with_rows(fn_args, shape, rows))
+                    op.forward_cpu(*with_rows(op_args, shape, rows))
                 eager, native, comp, ours = time_us(
                     [lambda: fn(*fn_args), lambda: op.forward_native(*op_args),
                      lambda: compiled_fn(*fn_args), lambda: op.forward_cpu(*op_args)], args.min_time, clock)
                 cells = " | ".join(f"{best:.1f} / {median:.1f}" for best, median in (eager, native, comp, ours))
                 print(f"| {label} | {dtype_name} | {'x'.join(map(str, shape))} | {cells} | "
-                      f"{eager[0] / comp[0]:.2f} | {eager[0] / ours[0]:.2f} | {native[0] / ours[0]:.2f} |", flush=True)
+                      f"{eager[0] / comp[0]:.2f} | {eager[0] / ours[0]:.2f} | {native[0] / ours[0]:.2f} |",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -127,6 +127,10 @@ class ParallelLMHead(VocabParallelEmbedding):
     """The output projection, sharded like the embedding (padded vocab rows per rank). Pass it to
     ``LogitsProcessor``; calling it directly raises. ``bias`` is sharded like the rows."""
 
+    #: A weight holder with no forward: ``customop check`` has nothing to run (LogitsProcessor's
+    #: samples exercise its weights).
+    has_forward = False
+
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False,
                  params_dtype: torch.dtype | None = None, org_num_embeddings: int | None = None,
                  padding_size: int = DEFAULT_VOCAB_PADDING_SIZE, quant_config: object = None, prefix: str = "", *,

@@ -313,9 +313,7 @@ VARIANTS = {
     "default": (lambda: RotaryEmbedding(D, D, ORIG, BASE, True, torch.float32),
                 lambda: table64(torch.arange(ORIG), inv_freq64(BASE, D))),
     "linear": (lambda: LinearScalingRotaryEmbedding(D, D, ORIG, BASE, True, [1.0, 2.5], torch.float32),
-               lambda: (lambda a, b: (torch.cat((a[0], b[0])), torch.cat((a[1], b[1]))))(
-                   table64(torch.arange(ORIG), inv_freq64(BASE, D)),
-                   table64(torch.arange(640) / 2.5, inv_freq64(BASE, D)))),
+               lambda: table64(torch.cat((torch.arange(ORIG), torch.arange(640) / 2.5)), inv_freq64(BASE, D))),
     "dynamic": (lambda: DynamicNTKScalingRotaryEmbedding(D, D, ORIG, BASE, True, 2.0, torch.float32),
                 lambda: table64(torch.arange(2 * ORIG), inv_freq64(BASE * 3.0 ** (D / (D - 2)), D))),
     "yarn": (lambda: YaRNScalingRotaryEmbedding(D, D, ORIG, BASE, True, 4.0, torch.float32, attn_factor=0.9),

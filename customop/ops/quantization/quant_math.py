@@ -33,7 +33,7 @@ def dynamic_scaled_fp8_quant(x: torch.Tensor, fp8_dtype: torch.dtype, fp8_max: f
                              min_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-tensor: ``scale = max(max|x| / MAX, MIN_SCALE)``, shape ``[1]``; then the
     static quant with it. Returns ``(q, scale)``."""
-    amax = x.abs().amax().to(torch.float32).reshape(1)
+    amax = x.abs().max().to(torch.float32).reshape(1)  # .max(): torch_xla 2.9 leaves .amax() unreduced
     scale = (amax / fp8_max).clamp(min=min_scale)
     return scaled_fp8_quant(x, scale, fp8_dtype, fp8_max), scale
 

@@ -47,18 +47,21 @@ def cases(fp8: str):
                dict(const, BLOCK_HQ=32, SINGLE_TILE=True), 4, _ROT_ALIGNED)
         yield (f"rotary {style} looped", rotary._rotary_kernel, _ROT_SIG,
                dict(const, BLOCK_HQ=16, SINGLE_TILE=False), 4, _ROT_ALIGNED)
+        yield (f"rotary {style} 32+8x128 8 warps", rotary._rotary_kernel, _ROT_SIG,
+               dict(const, BLOCK_HQ=32, SINGLE_TILE=True), 8, _ROT_ALIGNED)
     fp16_sig = dict(_ROT_SIG, q_ptr="*fp16", k_ptr="*fp16", cache_ptr="*fp32")
     yield ("rotary fp16 partial 32", rotary._rotary_kernel, fp16_sig,
            {"HALF": 16, "BLOCK_HALF": 16, "BLOCK_HQ": 32, "BLOCK_HK": 8, "IS_NEOX": True, "HAS_KEY": False,
             "SINGLE_TILE": True}, 4, _ROT_ALIGNED)
     row = {"BLOCK_M": 1, "BLOCK_N": 8192, "ONE_PASS": True, "NORM": False, "HAS_WEIGHT": False, "HAS_UB": True}
-    yield "per_token 8192", quant.row_quant_kernel, _row_sig(fp8), row, 16, _ROW_ALIGNED
+    yield "per_token 8192", quant.row_quant_kernel, _row_sig(fp8), row, 4, _ROW_ALIGNED
+    yield "per_token 8192 16 warps", quant.row_quant_kernel, _row_sig(fp8), row, 16, _ROW_ALIGNED
     yield ("per_token 256 x16 rows", quant.row_quant_kernel, _row_sig(fp8), dict(row, BLOCK_M=16, BLOCK_N=256), 4,
            _ROW_ALIGNED)
     yield "per_token looped", quant.row_quant_kernel, _row_sig(fp8), dict(row, ONE_PASS=False), 16, _ROW_ALIGNED
     norm = dict(row, NORM=True, HAS_WEIGHT=True)
-    yield "rms_norm_quant 8192", quant.row_quant_kernel, _row_sig(fp8), norm, 16, _ROW_ALIGNED
-    yield "rms_norm_quant fp32 weight", quant.row_quant_kernel, _row_sig(fp8, w="*fp32"), norm, 16, _ROW_ALIGNED
+    yield "rms_norm_quant 8192", quant.row_quant_kernel, _row_sig(fp8), norm, 4, _ROW_ALIGNED
+    yield "rms_norm_quant fp32 weight", quant.row_quant_kernel, _row_sig(fp8, w="*fp32"), norm, 4, _ROW_ALIGNED
     yield "rms_norm_quant looped", quant.row_quant_kernel, _row_sig(fp8), dict(norm, ONE_PASS=False), 16, _ROW_ALIGNED
     group_sig = {"x_ptr": "*bf16", "q_ptr": fp8, "scale_ptr": "*fp32", "groups_per_row": "i32", "chunks_per_row": "i32",
                  "N": "i32", "x_stride": "i32", "tokens": "i32", "fp8_max": "fp32", "min_scale": "fp32"}
