@@ -116,8 +116,9 @@ class CustomOp(nn.Module):
             method = getattr(self, platform.forward_method)
             explicit = self._enforce_enable or config.is_explicitly_enabled(name)
             reason = platform.backend_unavailable()
-            if reason is None and platform.backend is not None:
-                # Load (and register the device kernels of) the backend now, outside any trace.
+            if platform.backend is not None and (reason is None or explicit):
+                # Load (and register the device kernels of) the backend now, outside any trace;
+                # an explicit request whose backend cannot import fails here, loudly.
                 try:
                     load_backend(platform.backend)
                 except ImportError as err:

@@ -58,7 +58,7 @@ def time_us(fns: list[Callable[[], object]], min_time: float,
             start = clock()
             fns[i]()
             times[i].append((clock() - start) / 1e3)
-    return [(statistics.quantiles(t, n=20)[0], statistics.median(t)) for t in times]
+    return [(statistics.quantiles(t, n=20, method="inclusive")[0], statistics.median(t)) for t in times]
 
 
 def with_rows(args: tuple, shape: tuple[int, ...], rows: int) -> tuple:

@@ -10,7 +10,6 @@ round once instead of at every step: closer to float64, not bit-equal to eager.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -168,7 +167,6 @@ def _checked_approximate(op: str, approximate: str) -> str:
 
 
 #: The backend that a resolved method launches kernels from.
-_BACKEND_OF = {"forward_cuda": "cuda", "forward_hip": "cuda", "forward_xpu": "xpu"}
 
 
 class _Activation(CustomOp):
@@ -193,16 +191,6 @@ class _Activation(CustomOp):
     def extra_repr(self) -> str:
         return ", ".join(f"{field}={getattr(self, field)!r}" for field in self.repr_fields)
 
-    def dispatch_forward(self, compile_native: bool | None = None) -> Callable[..., Any]:
-        # Import the kernel backend now, not on the first call: that call may be traced by
-        # torch.compile, which cannot trace an import, so forward_cuda skips it there.
-        method = super().dispatch_forward(compile_native)
-        backend = _BACKEND_OF.get(getattr(method, "__name__", ""))
-        if backend is not None:
-            with contextlib.suppress(ImportError):  # an explicit choice fails at call time instead
-                load_backend(backend)
-        return method
-
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         return type(self).math_fn(x, *self.math_args())
 
@@ -220,8 +208,7 @@ class _Activation(CustomOp):
 
     def _library_op(self, x: torch.Tensor, backend: str) -> torch.Tensor:
         _check_input(self.name, x, gated=self.gated, dtypes=_KERNEL_DTYPES, contiguous=True)
-        if not torch.compiler.is_compiling():
-            load_backend(backend)  # registers its kernels for torch.ops.customop.* (once)
+        load_backend(backend)  # registers the device kernels (a dict lookup once loaded; traceable)
         return getattr(torch.ops.customop, self.name)(x, *self.math_args())
 
 

@@ -227,7 +227,9 @@ def test_fullgraph_compile(case, platform):
             out = compiled(x)
     assert counter.frame_count == 1
     expected = case.reference(x.double() * 2.0, op) + 1.0
-    assert_close(out, expected, torch.bfloat16, atol=3e-2)
+    k, power = case.slack  # the op's own rounding slack, on its input 2x
+    atol = 3e-2 + k * torch.finfo(torch.bfloat16).eps * float((x * 2.0).abs().max()) ** power
+    assert_close(out, expected, torch.bfloat16, atol=atol)
 
 
 # ---- the library ops ----------------------------------------------------------------------------

@@ -16,7 +16,6 @@ Paths:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +37,6 @@ CPU_COMPILE_MIN_NUMEL = 1 << 16
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: The backend whose import registers the device kernels a resolved method launches.
-_BACKEND_OF = {"forward_cuda": "cuda", "forward_hip": "cuda", "forward_xpu": "xpu"}
 
 
 def _worth_compiling(x: torch.Tensor) -> bool:
@@ -154,30 +152,18 @@ class QuantFP8(CustomOp):
 
     def forward_cuda(self, x: torch.Tensor, scale: torch.Tensor | None = None,
                      scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if not torch.compiler.is_compiling():  # an import cannot be traced; dispatch_forward did it
-            load_backend("cuda")
+        load_backend("cuda")  # registers the device kernels (a dict lookup once loaded; traceable)
         return self._forward_kernels(x, scale, scale_ub)
 
     def forward_xpu(self, x: torch.Tensor, scale: torch.Tensor | None = None,
                     scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if not torch.compiler.is_compiling():
-            load_backend("xpu")
+        load_backend("xpu")
         return self._forward_kernels(x, scale, scale_ub)
 
     def forward_tpu(self, x: torch.Tensor, scale: torch.Tensor | None = None,
                     scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return load_backend("tpu").torch_ops.quant_fp8(x, scale, scale_ub, static=self.static,
                                                        native=self.forward_native, **self._math)
-
-    def dispatch_forward(self, compile_native: bool | None = None) -> Callable[..., Any]:
-        # Import the kernel backend at construction, not on the first call, which torch.compile
-        # may be tracing (it cannot trace an import).
-        method = super().dispatch_forward(compile_native)
-        backend = _BACKEND_OF.get(getattr(method, "__name__", ""))
-        if backend is not None:
-            with contextlib.suppress(ImportError):  # an explicit choice fails at call time instead
-                load_backend(backend)
-        return method
 
     def _forward_kernels(self, x: torch.Tensor, scale: torch.Tensor | None,
                          scale_ub: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -64,7 +64,7 @@ def rms_norm_quant_fp8(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         torch._dynamo.maybe_mark_dynamic(x, x.dim() - 1)
         return _compiled_composition()(x, *args)
     backend = _KERNEL_BACKENDS.get(platform.name)
-    if backend is not None and platform.backend_unavailable() is None and not torch.compiler.is_compiling():
+    if backend is not None and platform.backend_unavailable() is None:  # cached: traceable
         load_backend(backend)
     lead, hidden = x.shape[:-1], x.shape[-1]
     q, scale = torch.ops.customop.rms_norm_dynamic_per_token_fp8_quant(x.reshape(-1, hidden).contiguous(), *args)

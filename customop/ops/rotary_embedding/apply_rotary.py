@@ -7,7 +7,7 @@ import torch
 
 from customop.custom_op import CustomOp
 from customop.ops.rotary_embedding import common
-from customop.ops.rotary_embedding.base import load_kernel_backend
+from customop.backend_loader import load_backend
 
 Tensor = torch.Tensor
 
@@ -64,11 +64,11 @@ class ApplyRotaryEmb(CustomOp):
         return compiled(common.apply_rotary_emb)(x, cos, sin, self.is_neox_style, self.enable_fp32_compute)
 
     def forward_cuda(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        load_kernel_backend("cuda")
+        load_backend("cuda")
         return self._forward_kernel(x, cos, sin)
 
     def forward_xpu(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        load_kernel_backend("xpu")
+        load_backend("xpu")
         return self._forward_kernel(x, cos, sin)
 
     def _forward_kernel(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

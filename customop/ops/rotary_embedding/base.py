@@ -4,8 +4,8 @@ The scaling variants (linear, dynamic NTK, YaRN, Llama-3, DeepSeek-YaRN) are unr
 subclasses that only override ``_compute_inv_freq`` / ``_compute_cos_sin_cache``; they share the
 ``rotary_embedding`` enable name and every forward path.
 
-In-place contract: ``forward_native`` (and ``forward_cpu``) return NEW tensors and leave
-``query``/``key`` untouched; the kernel paths (``forward_cuda``, ``forward_hip``,
+In-place contract: ``forward_native`` (and ``forward_cpu``, ``forward_tpu``) return NEW tensors
+and leave ``query``/``key`` untouched; the kernel paths (``forward_cuda``, ``forward_hip``,
 ``forward_xpu``) rotate ``query`` and ``key`` IN PLACE and return those same objects. Callers
 must use the returned tensors and must not rely on either behaviour.
 """
@@ -24,20 +24,6 @@ Tensor = torch.Tensor
 #: (1 token, 32+8 heads of 128: ~20 us vs ~45 us eager; eager runs ~15 ATen ops, the compiled
 #: function one fused loop), so only empty inputs stay eager (benchmarks/results/cpu_rotary.md).
 CPU_COMPILE_MIN_TOKENS = 1
-
-
-def load_kernel_backend(name: str) -> bool:
-    """``load_backend(name)`` (which registers the device kernels of ``torch.ops.customop.*``),
-    traceable: Dynamo cannot trace ``importlib``, so it runs this once while tracing and keeps the
-    constant result; the kernels are registered before the compiled graph first runs."""
-    load_backend(name)
-    return True
-
-
-# What torch.compiler.assume_constant_result sets. Calling that at import time would import
-# torch._dynamo, which imports triton: `import customop` must not (tests/core/test_import_boundary).
-# A renamed attribute would show as a graph break in test_compile_fullgraph_kernel_path.
-load_kernel_backend._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def buffer_like(module: torch.nn.Module, name: str, query: Tensor) -> Tensor:
@@ -119,13 +105,13 @@ class RotaryEmbedding(CustomOp):
     def forward_cuda(self, positions: Tensor, query: Tensor,
                      key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Rotates ``query`` and ``key`` IN PLACE with the CUDA kernel and returns them."""
-        load_kernel_backend("cuda")
+        load_backend("cuda")
         return self._forward_kernel(positions, query, key)
 
     def forward_xpu(self, positions: Tensor, query: Tensor,
                     key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Rotates ``query`` and ``key`` IN PLACE with the XPU kernel and returns them."""
-        load_kernel_backend("xpu")
+        load_backend("xpu")
         return self._forward_kernel(positions, query, key)
 
     def forward_tpu(self, positions: Tensor, query: Tensor,

@@ -92,5 +92,5 @@ class MRotaryEmbedding(RotaryEmbedding):
                                       self.is_neox_style, self.mrope_section or [], self.mrope_interleaved)
 
     # Native everywhere: these names replace RotaryEmbedding's kernel paths.
-    forward_cpu = forward_cuda = forward_hip = forward_xpu = forward_native
+    forward_cpu = forward_cuda = forward_hip = forward_xpu = forward_tpu = forward_native
     forward_tpu = forward_native
