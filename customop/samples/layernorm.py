@@ -57,12 +57,16 @@ def rms_norm_gated_samples(dtype: torch.dtype, device: str, gen: torch.Generator
         {"group_size": None, "norm_before_gate": False, "activation": "swish"},
         {"group_size": 32, "norm_before_gate": True, "activation": "sigmoid"},
         {"group_size": 16, "norm_before_gate": False, "activation": "silu"},
+        {"group_size": 128, "norm_before_gate": False, "activation": "swish"},
     )
-    for (lead, _), variant in zip(_SHAPES, variants):
-        h = 128  # divisible by every group size above
-        x, z = _rand((*lead, h), dtype, device, gen), _rand((*lead, h), dtype, device, gen)
+    shapes = [(*lead, 128) for lead, _ in _SHAPES] + [(*_LARGE[0], _LARGE[1])]  # hidden divisible by each group
+    for shape, variant in zip(shapes, variants):
+        h = shape[-1]
+        x, z = _rand(shape, dtype, device, gen), _rand(shape, dtype, device, gen)
         init = {"hidden_size": h, "dtype": dtype, **variant}
         state = {"weight": _rand((h,), dtype, device, gen)}
-        samples.append(Sample(init, (x, z), state=state, label=f"x{tuple(x.shape)} {variant}"))
-        samples.append(Sample(init, (x,), state=state, label=f"x{tuple(x.shape)} no z {variant}"))
+        label = f"x{tuple(shape)} group={variant['group_size']} {variant['activation']}" + (
+            " norm-then-gate" if variant["norm_before_gate"] else "")
+        samples.append(Sample(init, (x, z), state=state, label=label))
+        samples.append(Sample(init, (x,), state=state, label=f"{label} no z"))
     return samples
