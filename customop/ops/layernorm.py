@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from customop.backend_loader import load_backend
-from customop.backends.cpu import compiled
+from customop.backends.cpu import EMULATE_CASTS, compiled
 from customop.custom_op import CustomOp
 
 # ---- the math (the readable spec) ------------------------------------------------------------
@@ -115,20 +115,6 @@ def _check_norm_inputs(op: str, hidden_size: int, x: torch.Tensor, weight: torch
             _check_like(op, arg, t, x)
 
 
-def _load_backend(name: str) -> bool:
-    """``load_backend(name)``, traceable: dynamo cannot trace ``importlib`` (a graph break, fatal
-    under ``fullgraph=True``), so it runs this once at trace time and keeps the constant result;
-    the device kernels are then registered before the compiled graph first runs."""
-    load_backend(name)
-    return True
-
-
-# What ``torch.compiler.assume_constant_result`` sets (its whole body); calling it would import
-# torch._dynamo, and with it triton, at ``import customop`` (tests/core/test_import_boundary.py).
-# test_compiles_fullgraph_without_graph_break[cuda-*] fails if a torch release renames it.
-_load_backend._dynamo_marked_constant = True  # type: ignore[attr-defined]
-
-
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     # The kernels read rows with unit stride; a copy is cheaper than a strided kernel variant.
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -149,17 +135,9 @@ CPU_COMPILE_MIN_NUMEL_FP32 = 32768
 #: Inductor fuses the cast away unless told to emulate eager's casts; without it 26% of bf16 outputs
 #: differ by one ulp from forward_native (measured on 64x512). Emulation costs bf16 10-70% against
 #: plain Inductor (256x4096: 555 vs 325 us on one thread) yet stays 1.2-6x ahead of eager; the
-#: other norms cast only once, at the end, and compile plainly. ``backends.cpu.compiled`` takes no Inductor options, hence this
-#: cache of its own (one compiled artifact per math function).
-_EMULATE_CASTS = {"emulate_precision_casts": True}
-_compiled_with_casts: dict = {}
-
-
+#: other norms cast only once, at the end, and compile plainly.
 def _compiled_keeping_casts(fn):
-    out = _compiled_with_casts.get(fn)
-    if out is None:
-        out = _compiled_with_casts[fn] = torch.compile(fn, options=_EMULATE_CASTS)
-    return out
+    return compiled(fn, **EMULATE_CASTS)
 
 
 def _cpu(fn, compile_fn=compiled):
@@ -247,7 +225,7 @@ class RMSNorm(CustomOp):
         mixed_weight = self.weight is not None and self.weight.dtype != x.dtype
         if self.variance_size_override is not None or (residual is not None and mixed_weight):
             return self.forward_native(x, residual)
-        _load_backend(backend)
+        load_backend(backend)  # a dict lookup once loaded: traceable
         if residual is None:
             return torch.ops.customop.rms_norm(_last_dim_contiguous(x), self.weight, self.eps)
         x, residual = _last_dim_contiguous(x), _last_dim_contiguous(residual)
@@ -293,7 +271,7 @@ class GemmaRMSNorm(CustomOp):
 
     def _forward_kernel(self, backend: str, x: torch.Tensor, residual: torch.Tensor | None):
         _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
-        _load_backend(backend)
+        load_backend(backend)  # a dict lookup once loaded: traceable
         if residual is None:
             return torch.ops.customop.gemma_rms_norm(_last_dim_contiguous(x), self.weight, self.eps)
         x, residual = _last_dim_contiguous(x), _last_dim_contiguous(residual)
@@ -354,7 +332,7 @@ class RMSNormGated(CustomOp):
 
     def _forward_kernel(self, backend: str, x: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
         _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"z": z})
-        _load_backend(backend)
+        load_backend(backend)  # a dict lookup once loaded: traceable
         z = None if z is None else _last_dim_contiguous(z)
         return torch.ops.customop.rms_norm_gated(*self._args(_last_dim_contiguous(x), z))
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from customop.config import Config, use_config
 from customop.ops.layernorm import GemmaRMSNorm, RMSNorm, RMSNormGated
@@ -210,8 +209,8 @@ def test_kernel_path_mutates_inputs_and_returns_them(cls, variant, platform):
     check_result((x, residual), expected_out, expected_res, torch.bfloat16)
 
 
-@pytest.mark.parametrize("cls,variant", FUSED, ids=["rms_norm", "gemma_rms_norm"])
-def test_kernel_path_non_contiguous_rows_still_correct(cls, variant):
+@pytest.mark.parametrize("cls", [RMSNorm, GemmaRMSNorm], ids=["rms_norm", "gemma_rms_norm"])
+def test_kernel_path_non_contiguous_rows_still_correct(cls):
     """A kernel needs unit-stride rows; a strided x is copied first, so the result lands in a new
     tensor (not in x) while residual is still updated in place: callers use the returned tensors."""
     x = randn(64, 6).t()  # shape (6, 64), last-dim stride 6

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from customop.backend_loader import load_backend
+from customop.backends.cpu import EMULATE_CASTS, compiled
 from customop.ops.quantization import quant_math as qm
 from customop.ops.quantization.fp8 import fp8_max, fp8_min_scale
 from customop.ops.quantization.input_quant_fp8 import _worth_compiling
@@ -31,7 +32,7 @@ def _compiled_composition() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """The composition compiled with ``emulate_precision_casts``: inside one fused kernel Inductor
     otherwise keeps the RMSNorm result in float32 instead of rounding it to ``x.dtype`` first, and
     the fp8 values drift from the spec (63k of 4M differed by one fp8 step at 512x8192 bf16)."""
-    return torch.compile(qm.rms_norm_dynamic_per_token_fp8_quant, options={"emulate_precision_casts": True})
+    return compiled(qm.rms_norm_dynamic_per_token_fp8_quant, **EMULATE_CASTS)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor | None, scale_ub: torch.Tensor | None) -> None:
