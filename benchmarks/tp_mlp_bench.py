@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -34,25 +33,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from customop.distributed import TPGroup, init_tp_group, use_tp_group
+from customop.distributed import TPGroup, init_from_torchrun, init_tp_group, use_tp_group
 from customop.ops.linear import MergedColumnParallelLinear, RowParallelLinear
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_TOKENS = "1,16,64,256,1024,4096,8192"
 
 
-def setup(device_kind: str) -> torch.device:
-    if device_kind == "cuda":
-        for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                           ("NVSHMEM_DISABLE_NVLS", "1")):
-            os.environ.setdefault(var, value)
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    return device
 
 
 class Mlp:
@@ -127,7 +114,7 @@ def main() -> None:
     parser.add_argument("--out", help="also write the markdown table here (rank 0)")
     args = parser.parse_args()
 
-    device, dtype = setup(args.device), DTYPES[args.dtype]
+    device, dtype = init_from_torchrun("nccl" if args.device == "cuda" else "gloo"), DTYPES[args.dtype]
     world = init_tp_group()
     rank0 = world.tp_rank == 0
     measure = timer(device, args.graph and device.type == "cuda")

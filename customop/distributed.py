@@ -181,3 +181,23 @@ def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Te
 
 def tensor_model_parallel_gather(x: torch.Tensor, dst: int = 0, dim: int = -1) -> torch.Tensor | None:
     return get_tp_group().gather(x, dst, dim)
+
+
+#: NVLink multicast stays off on shared hosts (a program using it can take the host's GPUs down).
+NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def init_from_torchrun(backend: str | None = None) -> torch.device:
+    """Starts the default process group that ``torchrun`` describes (NCCL on CUDA, else gloo) and
+    returns this rank's device. Sets ``NO_MULTICAST_ENV`` unless already set."""
+    import os
+
+    if backend == "nccl" or (backend is None and torch.cuda.is_available()):
+        for var, value in NO_MULTICAST_ENV.items():
+            os.environ.setdefault(var, value)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+        return device
+    dist.init_process_group(backend or "gloo")
+    return torch.device("cpu")

@@ -16,14 +16,13 @@ for a CPU run. For NCCL the NVLink-multicast paths are switched off (issue 8).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from customop.distributed import init_tp_group
+from customop.distributed import init_from_torchrun, init_tp_group
 from customop.ops.linear import ColumnParallelLinear, RowParallelLinear
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -31,20 +30,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BOUNDS = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
 
-def setup() -> torch.device:
-    """Starts the process group torchrun describes; returns this rank's device."""
-    if torch.cuda.is_available():
-        # Multicast/NVLS paths are off on the lent machines (issue 8); harmless elsewhere.
-        for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                           ("NVSHMEM_DISABLE_NVLS", "1")):
-            os.environ.setdefault(var, value)
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    return device
 
 
 def main() -> int:
@@ -56,7 +41,7 @@ def main() -> int:
     args = parser.parse_args()
     dtype = DTYPES[args.dtype]
 
-    device = setup()
+    device = init_from_torchrun()
     tp = init_tp_group()  # the whole world is one tensor-parallel group
 
     # The full checkpoint, identical on every rank (same seed).

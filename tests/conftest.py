@@ -26,3 +26,22 @@ def _isolate_global_state(monkeypatch):
     yield
     customop.set_config(None)
     platforms.set_current_platform(previous)
+
+
+def _poisoned(factory):
+    def make(*args, **kwargs):
+        t = factory(*args, **kwargs)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    return make
+
+
+@pytest.fixture
+def poison_empty(monkeypatch):
+    """Fresh ``torch.empty``/``empty_like`` tensors are NaN (their contents are undefined anyway),
+    so an output lane a kernel forgot to write shows up."""
+    monkeypatch.setattr(torch, "empty", _poisoned(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", _poisoned(torch.empty_like))
+    yield

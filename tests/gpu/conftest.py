@@ -17,22 +17,6 @@ if torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "0"
 
 
-def _poisoned(factory):
-    def make(*args, **kwargs):
-        t = factory(*args, **kwargs)
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        return t
-
-    return make
-
-
-@pytest.fixture
-def poison_empty(monkeypatch):
-    """Fresh ``torch.empty``/``empty_like`` tensors are NaN, so unwritten output lanes show."""
-    monkeypatch.setattr(torch, "empty", _poisoned(torch.empty))
-    monkeypatch.setattr(torch, "empty_like", _poisoned(torch.empty_like))
-    yield
 
 
 @pytest.fixture(scope="session")

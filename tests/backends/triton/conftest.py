@@ -1,10 +1,9 @@
 """Triton kernels on CPU tensors under the interpreter (research/kernel-testing-on-cpu.md).
 
 TRITON_INTERPRET is read when ``@triton.jit`` decorates, i.e. when a kernel module is imported,
-so it is set here before any test module imports one. Helpers shared by the test files:
-``as_cpu_kernel`` (the launcher temporarily becomes the CPU kernel of its ``customop::`` op) and
-the ``poison_empty`` fixture (``torch.empty``/``empty_like`` return NaN-filled tensors, so an
-output lane a kernel forgot to write shows up).
+so it is set here before any test module imports one. Helper shared by the test files:
+``as_cpu_kernel`` (the launcher temporarily becomes the CPU kernel of its ``customop::`` op). The
+``poison_empty`` fixture (NaN-filled ``torch.empty``) comes from tests/conftest.py.
 """
 
 import os
@@ -40,24 +39,6 @@ def as_cpu_kernel(op_name: str, launcher: Callable) -> Iterator[list[int]]:
         yield calls
     finally:
         lib._destroy()
-
-
-def _poisoned_factory(factory: Callable) -> Callable:
-    def make(*args, **kwargs):
-        t = factory(*args, **kwargs)
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        return t
-
-    return make
-
-
-@pytest.fixture
-def poison_empty(monkeypatch):
-    """Fresh ``torch.empty``/``empty_like`` tensors are NaN (their contents are undefined anyway)."""
-    monkeypatch.setattr(torch, "empty", _poisoned_factory(torch.empty))
-    monkeypatch.setattr(torch, "empty_like", _poisoned_factory(torch.empty_like))
-    yield
 
 
 @pytest.fixture(autouse=True)
