@@ -49,3 +49,29 @@ def test_dispatch_report_resolves_fallbacks_and_replacements(two_ops):
 def test_unknown_command_exits_with_usage():
     with pytest.raises(SystemExit):
         main(["nope"])
+
+
+def test_check_passes_on_real_ops_and_prints_the_table(capsys):
+    assert main(["check", "--ops", "silu_and_mul", "relu2"]) == 0
+    out = capsys.readouterr().out
+    assert "platform: cpu" in out
+    rows = [line for line in out.splitlines() if line.startswith(("silu_and_mul", "relu2"))]
+    assert rows and all(line.rstrip().endswith("pass") for line in rows)
+    assert "forward_cpu" in rows[0]
+    assert " 0 failed" in out
+
+
+def test_check_fails_on_a_wrong_replacement(capsys):
+    relu2 = CustomOp.op_registry["relu2"]
+
+    class WrongRelu2(relu2):
+        def forward_cpu(self, x):
+            return x * 0 + 1  # not relu(x)^2
+
+    CustomOp.register_oot(name="relu2")(WrongRelu2)
+    try:
+        assert main(["check", "--ops", "relu2"]) == 1
+    finally:
+        CustomOp.unregister_oot("relu2")
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "exceed" in out
