@@ -23,9 +23,6 @@ from customop.ops.quantization.fp8 import fp8_max, fp8_min_scale
 from customop.ops.quantization.input_quant_fp8 import _worth_compiling
 from customop.platforms import current_platform
 
-#: Platform name -> the backend whose import registers the device kernels.
-_KERNEL_BACKENDS = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu"}
-
 
 @functools.cache
 def _compiled_composition() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -64,9 +61,8 @@ def rms_norm_quant_fp8(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         torch._dynamo.maybe_mark_dynamic(x, 0)
         torch._dynamo.maybe_mark_dynamic(x, x.dim() - 1)
         return _compiled_composition()(x, *args)
-    backend = _KERNEL_BACKENDS.get(platform.name)
-    if backend is not None and platform.backend_unavailable() is None:  # cached: traceable
-        load_backend(backend)
+    if platform.backend is not None and platform.backend_unavailable() is None:
+        load_backend(platform.backend)  # registers the device kernels (cached: traceable)
     lead, hidden = x.shape[:-1], x.shape[-1]
     q, scale = torch.ops.customop.rms_norm_dynamic_per_token_fp8_quant(x.reshape(-1, hidden).contiguous(), *args)
     return q.view(x.shape), scale.view(lead + (1,))
