@@ -16,7 +16,6 @@ Paths:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
