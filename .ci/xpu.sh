@@ -6,15 +6,18 @@
 # PyPI's IPEX is the CPU build (research/xpu-cpu-path.md section 1, docs/xpu.md).
 #
 # Usage: bash .ci/xpu.sh [extra pytest args]. Env: CUSTOMOP_XPU_VENV (default .venv-xpu),
-# PYTHON (default python3). The venv is reused when it already holds the pinned set.
+# PYTHON (default python3), CUSTOMOP_TIER_CLEANUP=1 (remove the venv afterwards). A venv that
+# already holds the pinned set is reused; without one, a machine short of disk skips the tier.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=.ci/lib.sh
+. .ci/lib.sh
 
 venv=${CUSTOMOP_XPU_VENV:-.venv-xpu}
 python=${PYTHON:-python3}
 # The `xpu` extra's pins. torch 2.8.0 from PyPI is the CUDA build (2.8.0+cu128, about 3 GB of
-# nvidia-* wheels; this machine's local CPU wheel is 2.13 only); IPEX's own metadata does not pin
-# torch, so the pair is named here explicitly.
+# nvidia-* wheels, 6.8 GB installed; this machine's local CPU wheel is 2.13 only); IPEX's own
+# metadata does not pin torch, so the pair is named here explicitly.
 pins=(torch==2.8.0 intel-extension-for-pytorch==2.8.0)
 test_deps=(pytest pytest-timeout numpy)
 
@@ -26,18 +29,14 @@ assert md.version("torch").startswith("2.8.0")
 assert md.version("intel-extension-for-pytorch").startswith("2.8.0")
 EOF
 then
-    echo "xpu tier: building $venv (torch 2.8.0 + IPEX 2.8.0, several GB)"
+    skip_without_disk xpu 8
+    echo "xpu tier: building $venv (torch 2.8.0 + IPEX 2.8.0)"
     rm -rf "$venv"
     "$python" -m venv "$venv" || exit 1
-    # pip's output goes to a log (this machine's pip prints a warning per package for its local
-    # indexes); it is shown only when the install fails.
-    if ! "$venv/bin/pip" install -q "${pins[@]}" "${test_deps[@]}" > "$venv/install.log" 2>&1; then
-        tail -n 40 "$venv/install.log"
-        exit 1
-    fi
+    install_one_by_one "$venv" "${pins[@]}" "${test_deps[@]}" || exit 1
 fi
-if ! "$venv/bin/pip" install -q -e . --no-deps > "$venv/install-customop.log" 2>&1; then
-    tail -n 40 "$venv/install-customop.log"
+if ! "$venv/bin/pip" install -q --no-cache-dir --no-deps -e . >/dev/null 2>&1; then
+    echo "xpu tier: the editable install of customop failed"
     exit 1
 fi
 echo "xpu tier: environment ready in $((SECONDS - t0)) s"
@@ -54,4 +53,6 @@ if [ "$status" -eq 5 ]; then
     status=1
 fi
 echo "xpu tier: tests took $((SECONDS - t1)) s (exit $status)"
+# CI sets this so that the disk is handed back.
+if [[ ${CUSTOMOP_TIER_CLEANUP:-0} == 1 ]]; then rm -rf "$venv"; fi
 exit "$status"
