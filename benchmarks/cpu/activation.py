@@ -99,6 +99,7 @@ def bench_one(label: str, op: torch.nn.Module, native_op: torch.nn.Module, token
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
+    parser.add_argument("--shapes", default="", help="tokens x d list, e.g. 1x4096,16x4096 (default: per op)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--ops", default="", help="comma-separated labels (default: all)")
     parser.add_argument("--dtypes", default="bfloat16,float32")
@@ -120,6 +121,8 @@ def main() -> None:
             with use_config(Config(custom_ops=["none"])):
                 native_op = OPS[label](compile_native=False)
             shapes = QUICK_SHAPES if args.quick else SILU_SHAPES if label == "silu_and_mul" else OTHER_SHAPES
+            if args.shapes:
+                shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
             for dtype_name in args.dtypes.split(","):
                 for tokens, d in shapes:
                     print(bench_one(label, op, native_op, tokens, d, getattr(torch, dtype_name), args.rounds),

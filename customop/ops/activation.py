@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from customop.backend_loader import load_backend
+from customop.backends.cpu import eager
+from customop.backends.cpu.eager import needs_spec
 from customop.custom_op import CustomOp
 
 # ---- the math (the spec; each CustomOp's forward_native calls one of these) -------------------
@@ -113,6 +115,10 @@ _CPU_DTYPES = (*_KERNEL_DTYPES, torch.float64)
 
 
 def _check_input(op: str, x: Any, *, gated: bool, dtypes: tuple[torch.dtype, ...], contiguous: bool) -> None:
+    # The valid case in one expression: a decode-sized CPU call takes ~8 us, so 100 ns shows.
+    if (isinstance(x, torch.Tensor) and x.dtype in dtypes and x.dim() > 0 and not (gated and x.size(-1) % 2)
+            and (not contiguous or x.is_contiguous())):
+        return
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"customop {op}: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in dtypes:
@@ -175,6 +181,9 @@ class _Activation(CustomOp):
     takes the same arguments."""
 
     math_fn: ClassVar[Callable[..., torch.Tensor]]
+    #: forward_cpu below its compile threshold: math_fn's operations with in-place temporaries,
+    #: bitwise equal to it (backends/cpu/eager.py); None: math_fn itself
+    eager_fn: ClassVar[Callable[..., torch.Tensor] | None] = None
     gated: ClassVar[bool] = False
     compile_native_default: ClassVar[bool] = False
     cpu_compile_min_numel: ClassVar[float] = FEW_KERNELS_MIN_NUMEL
@@ -196,9 +205,10 @@ class _Activation(CustomOp):
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
         _check_input(self.name, x, gated=self.gated, dtypes=_CPU_DTYPES, contiguous=False)
-        if torch.compiler.is_compiling() or x.numel() < self.cpu_compile_min_numel:
-            return type(self).math_fn(x, *self.math_args())  # the common decode case, kept short
-        return _run_on_cpu(type(self).math_fn, x, *self.math_args(), min_numel=0)
+        cls, min_numel = type(self), self.cpu_compile_min_numel
+        if cls.eager_fn is not None and not needs_spec(x) and x.numel() < min_numel:
+            return cls.eager_fn(x, *self.math_args())  # decode sizes: the spec, fewer temporaries
+        return _run_on_cpu(cls.math_fn, x, *self.math_args(), min_numel=min_numel)
 
     def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
         return self._library_op(x, "cuda")
@@ -217,6 +227,7 @@ class SiluAndMul(_Activation):
     """SwiGLU, ``silu(x[..., :d]) * x[..., d:]``. Compiles its native path when disabled."""
 
     math_fn = staticmethod(silu_and_mul)
+    eager_fn = staticmethod(eager.silu_and_mul)
     gated = True
     compile_native_default = True
 
@@ -226,6 +237,7 @@ class MulAndSilu(_Activation):
     """``x[..., :d] * silu(x[..., d:])``."""
 
     math_fn = staticmethod(mul_and_silu)
+    eager_fn = staticmethod(eager.mul_and_silu)
     gated = True
 
 
@@ -234,6 +246,7 @@ class GeluAndMul(_Activation):
     """GeGLU, ``gelu(x[..., :d], approximate) * x[..., d:]``; ``approximate`` is "none" or "tanh"."""
 
     math_fn = staticmethod(gelu_and_mul)
+    eager_fn = staticmethod(eager.gelu_and_mul)
     gated = True
     repr_fields = ("approximate",)
 
@@ -278,6 +291,7 @@ class FatreluAndMul(_Activation):
     """FATReLU (MiniCPM-S): ``(a if a > threshold else 0) * b``."""
 
     math_fn = staticmethod(fatrelu_and_mul)
+    eager_fn = staticmethod(eager.fatrelu_and_mul)
     gated = True
     repr_fields = ("threshold",)
 
@@ -321,6 +335,7 @@ class NewGELU(_Activation):
     """GPT-2's tanh GELU, elementwise."""
 
     math_fn = staticmethod(gelu_new)
+    eager_fn = staticmethod(eager.gelu_new)
     cpu_compile_min_numel = MANY_KERNELS_MIN_NUMEL
 
 
@@ -329,6 +344,7 @@ class FastGELU(_Activation):
     """The tanh GELU with the constant inlined, elementwise."""
 
     math_fn = staticmethod(gelu_fast)
+    eager_fn = staticmethod(eager.gelu_fast)
     cpu_compile_min_numel = MANY_KERNELS_MIN_NUMEL
 
 
@@ -337,6 +353,7 @@ class QuickGELU(_Activation):
     """``x * sigmoid(1.702 x)``, elementwise."""
 
     math_fn = staticmethod(quick_gelu)
+    eager_fn = staticmethod(eager.quick_gelu)
 
 
 @CustomOp.register("relu2")
@@ -344,6 +361,7 @@ class ReLUSquaredActivation(_Activation):
     """``relu(x)^2`` (arXiv 2109.08668). Compiles its native path when disabled."""
 
     math_fn = staticmethod(relu2)
+    eager_fn = staticmethod(eager.relu2)
     compile_native_default = True
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from customop.backend_loader import load_backend
-from customop.backends.cpu import EMULATE_CASTS, compiled
+from customop.backends.cpu import EMULATE_CASTS, compiled, eager
 from customop.custom_op import CustomOp
 
 # ---- the math (the readable spec) ------------------------------------------------------------
@@ -140,8 +140,10 @@ def _compiled_keeping_casts(fn):
     return compiled(fn, **EMULATE_CASTS)
 
 
-def _cpu(fn, compile_fn=compiled):
-    """``compile_fn(fn)`` (Inductor), or eager ``fn`` for small inputs (CPU_COMPILE_MIN_NUMEL*).
+def _cpu(fn, compile_fn=compiled, eager_fn=None):
+    """``compile_fn(fn)`` (Inductor), or eager for small inputs (CPU_COMPILE_MIN_NUMEL*):
+    ``eager_fn`` (ATen's fused RMSNorm where it is the spec's formula, backends/cpu/eager.py;
+    it returns None for the cases it does not cover), else ``fn``.
 
     The compiled code always sees 2-D rows (x and every tensor shaped like x are flattened), so
     each dtype costs one static and one dynamic compile whatever the callers' ranks; this also
@@ -149,8 +151,11 @@ def _cpu(fn, compile_fn=compiled):
 
     def run(x: torch.Tensor, *args):
         min_numel = CPU_COMPILE_MIN_NUMEL_FP32 if x.dtype == torch.float32 else CPU_COMPILE_MIN_NUMEL
-        if x.numel() < min_numel or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
             return fn(x, *args)  # inside a caller's torch.compile, the caller's Inductor fuses fn
+        if x.numel() < min_numel:
+            out = None if eager_fn is None else eager_fn(x, *args)
+            return fn(x, *args) if out is None else out
         if x.dim() == 2:  # the usual [tokens, hidden]: skip the reshapes (~5 us)
             return compile_fn(fn)(x, *args)
         shape = x.shape
@@ -164,10 +169,10 @@ def _cpu(fn, compile_fn=compiled):
     return run
 
 
-_cpu_rms_norm = _cpu(rms_norm, _compiled_keeping_casts)
-_cpu_fused_add_rms_norm = _cpu(fused_add_rms_norm, _compiled_keeping_casts)
-_cpu_gemma_rms_norm = _cpu(gemma_rms_norm)
-_cpu_gemma_fused_add_rms_norm = _cpu(gemma_fused_add_rms_norm)
+_cpu_rms_norm = _cpu(rms_norm, _compiled_keeping_casts, eager.rms_norm)
+_cpu_fused_add_rms_norm = _cpu(fused_add_rms_norm, _compiled_keeping_casts, eager.fused_add_rms_norm)
+_cpu_gemma_rms_norm = _cpu(gemma_rms_norm, eager_fn=eager.gemma_rms_norm)
+_cpu_gemma_fused_add_rms_norm = _cpu(gemma_fused_add_rms_norm, eager_fn=eager.gemma_fused_add_rms_norm)
 _cpu_rms_norm_gated = _cpu(rms_norm_gated)
 
 

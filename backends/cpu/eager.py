@@ -1,0 +1,118 @@
+"""Eager CPU paths for inputs below ``forward_cpu``'s compile thresholds (decode-sized calls).
+
+Small CPU calls are bound by per-kernel and per-allocation overhead, not by arithmetic, so each
+function here runs the spec's own operations, in the spec's order and dtypes, with fewer kernels
+or temporaries:
+
+- activations write each step into one temporary with in-place ops: the same ATen kernel and
+  the same rounding per step, so the result is **bitwise** the spec's (tests/ops/test_cpu_eager.py
+  checks that), with 1-2 allocations instead of 2-9;
+- norms whose weight multiply happens in fp32 (fp32 weight or none; Gemma always) call ATen's
+  fused RMSNorm on the fp32 values, which is the spec's formula in one kernel (equal to 1 ulp;
+  bitwise on torch 2.13). A bf16/fp16 weight makes the spec round before the multiply (HF Llama),
+  which the fused kernel does not do, so those keep the spec.
+
+In-place steps overwrite values that autograd may have saved, so callers use these only when
+``x`` does not require grad (``needs_spec``), and never under ``torch.compile``, where Inductor
+fuses the spec itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def needs_spec(*tensors: torch.Tensor | None) -> bool:
+    """True when the spec itself must run: under torch.compile, or when autograd is recording."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+# ---- activations (bitwise the spec: customop/ops/activation.py) -------------------------------
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]).mul_(x[..., d:])
+
+
+def mul_and_silu(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.silu(x[..., d:]).mul_(x[..., :d])
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.gelu(x[..., :d], approximate=approximate).mul_(x[..., d:])
+
+
+def fatrelu_and_mul(x: torch.Tensor, threshold: float = 0.0) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.threshold(x[..., :d], threshold, 0.0).mul_(x[..., d:])
+
+
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    # spec: 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x^3)))
+    inner = torch.pow(x, 3.0).mul_(0.044715).add_(x).mul_(_SQRT_2_OVER_PI).tanh_().add_(1.0)
+    return (0.5 * x).mul_(inner)
+
+
+def gelu_fast(x: torch.Tensor) -> torch.Tensor:
+    # spec: 0.5 * x * (1.0 + tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+    inner = (0.044715 * x).mul_(x).add_(1.0)
+    inner = (x * 0.7978845608).mul_(inner).tanh_().add_(1.0)
+    return (0.5 * x).mul_(inner)
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    # spec: x * sigmoid(1.702 * x)
+    return (1.702 * x).sigmoid_().mul_(x)
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    # spec: square(relu(x))
+    return F.relu(x).square_()
+
+
+# ---- norms (the spec's formula where its weight multiply is in fp32) --------------------------
+
+
+def _fused_rms(xf: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return F.rms_norm(xf, (xf.shape[-1],), weight, eps)
+
+
+def _fp32_weight(weight: torch.Tensor | None) -> bool:
+    return weight is None or weight.dtype == torch.float32
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+             variance_size: int | None = None) -> torch.Tensor | None:
+    """The spec's value, or None when this case must run the spec (a low-precision weight, or a
+    variance over part of the row)."""
+    if variance_size is not None or not _fp32_weight(weight):
+        return None
+    return _fused_rms(x.float(), weight, eps).to(x.dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                       variance_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if variance_size is not None or not _fp32_weight(weight):
+        return None
+    h = x.float() + residual.float()
+    return _fused_rms(h, weight, eps).to(x.dtype), h.to(x.dtype)
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _fused_rms(x.float(), 1.0 + weight.float(), eps).to(x.dtype)
+
+
+def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    h = x.float() + residual.float()
+    return _fused_rms(h, 1.0 + weight.float(), eps).to(x.dtype), h.to(x.dtype)

@@ -1,0 +1,99 @@
+"""forward_cpu's eager paths for small inputs (backends/cpu/eager.py): the spec's operations with
+in-place temporaries (activations: bitwise the spec) or ATen's fused RMSNorm (norms: the spec's
+formula, to one ulp of the output dtype), and the spec itself wherever those do not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from customop.backends.cpu import eager
+from customop.ops import activation as act
+from customop.ops import layernorm as ln
+from customop.testing import randn
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SHAPES = ((1, 14), (7, 2 * 4231), (3, 5, 128))
+
+ACTIVATIONS = [
+    ("silu_and_mul", ()), ("mul_and_silu", ()), ("gelu_and_mul", ("none",)), ("gelu_and_mul", ("tanh",)),
+    ("fatrelu_and_mul", (0.25,)), ("gelu_new", ()), ("gelu_fast", ()), ("quick_gelu", ()), ("relu2", ()),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name,args", ACTIVATIONS, ids=lambda v: str(v))
+def test_activation_eager_is_bitwise_the_spec(name, args, shape, dtype):
+    x = randn(*shape, dtype=dtype, scale=3.0)
+    expected = getattr(act, name)(x, *args)
+    got = getattr(eager, name)(x, *args)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    mismatched = (got != expected) & ~(got.isnan() & expected.isnan())
+    assert not mismatched.any(), f"{name}: {int(mismatched.sum())} elements differ from the spec"
+
+
+def _ulps_apart(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """Largest |got - expected| in units of the output dtype's spacing at |expected|."""
+    spacing = torch.finfo(expected.dtype).eps * expected.double().abs().clamp_min(torch.finfo(expected.dtype).tiny)
+    return float(((got.double() - expected.double()).abs() / spacing).max())
+
+
+NORMS = [
+    ("rms_norm", torch.float32), ("rms_norm", None), ("fused_add_rms_norm", torch.float32),
+    ("fused_add_rms_norm", None), ("gemma_rms_norm", torch.float32), ("gemma_rms_norm", torch.bfloat16),
+    ("gemma_fused_add_rms_norm", torch.float32), ("gemma_fused_add_rms_norm", torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", ((1, 7), (7, 4231), (3, 5, 128)), ids=str)
+@pytest.mark.parametrize("name,w_dtype", NORMS, ids=str)
+def test_norm_eager_matches_the_spec(name, w_dtype, shape, dtype):
+    x = randn(*shape, dtype=dtype, scale=3.0)
+    weight = None if w_dtype is None else randn(shape[-1], dtype=w_dtype)
+    args = (x, randn(*shape, dtype=dtype)) if "fused" in name else (x,)
+    expected = getattr(ln, name)(*args, weight, 1e-6)
+    got = getattr(eager, name)(*args, weight, 1e-6)
+    for g, e in zip(*((got, expected) if isinstance(got, tuple) else ((got,), (expected,)))):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        assert _ulps_apart(g, e) <= 1.0
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "fused_add_rms_norm"])
+def test_norm_eager_declines_what_the_fused_kernel_rounds_differently(name):
+    x = randn(4, 64, dtype=torch.bfloat16)
+    args = (x, randn(4, 64, dtype=torch.bfloat16)) if "fused" in name else (x,)
+    bf16_weight = randn(64, dtype=torch.bfloat16)  # the spec rounds before this multiply
+    assert getattr(eager, name)(*args, bf16_weight, 1e-6) is None
+    assert getattr(eager, name)(*args, None, 1e-6, 32) is None  # variance over part of the row
+
+
+def test_forward_cpu_takes_the_eager_path_only_without_autograd(monkeypatch):
+    op = act.SiluAndMul()
+    calls = []
+    monkeypatch.setattr(act.SiluAndMul, "eager_fn", staticmethod(lambda x: calls.append(1) or eager.silu_and_mul(x)))
+    x = randn(3, 64, dtype=torch.float32)
+    with torch.no_grad():
+        op.forward_cpu(x)
+    assert calls == [1]
+    leaf = x.clone().requires_grad_()
+    out = op.forward_cpu(leaf)  # the spec: its autograd graph holds no overwritten values
+    assert calls == [1]
+    out.sum().backward()
+    ref = x.clone().requires_grad_()
+    act.silu_and_mul(ref).sum().backward()
+    assert torch.equal(leaf.grad, ref.grad)
+
+
+@pytest.mark.parametrize("cls", [ln.RMSNorm, ln.GemmaRMSNorm])
+def test_norm_forward_cpu_gradients_through_the_eager_path(cls):
+    op = cls(64)
+    with torch.no_grad():
+        op.weight.copy_(randn(64, dtype=torch.float32))
+    x = randn(3, 64, dtype=torch.float32, scale=2.0).requires_grad_()
+    ref_x = x.detach().clone().requires_grad_()
+    op.forward_cpu(x).square().sum().backward()
+    op.forward_native(ref_x).square().sum().backward()
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-6)
+
