@@ -6,7 +6,8 @@ or temporaries:
 
 - activations write each step into one temporary with in-place ops: the same ATen kernel and
   the same rounding per step, so the result is **bitwise** the spec's (tests/ops/test_cpu_eager.py
-  checks that), with 1-2 allocations instead of 2-9;
+  checks that), with 1-2 allocations instead of 2-9; the gated ones take both halves from one
+  ``chunk`` call;
 - norms whose weight multiply happens in fp32 (fp32 weight or none; Gemma always) call ATen's
   fused RMSNorm on the fp32 values, which is the spec's formula in one kernel (equal to 1 ulp;
   bitwise on torch 2.13). A bf16/fp16 weight makes the spec round before the multiply (HF Llama),
@@ -37,24 +38,28 @@ def needs_spec(*tensors: torch.Tensor | None) -> bool:
 # ---- activations (bitwise the spec: customop/ops/activation.py) -------------------------------
 
 
+# The gated ones take both halves from one ``chunk`` call: ~1 us less than two ``x[..., :d]``
+# slices at decode sizes.
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    d = x.shape[-1] // 2
-    return F.silu(x[..., :d]).mul_(x[..., d:])
+    gate, up = x.chunk(2, -1)
+    return F.silu(gate).mul_(up)
 
 
 def mul_and_silu(x: torch.Tensor) -> torch.Tensor:
-    d = x.shape[-1] // 2
-    return F.silu(x[..., d:]).mul_(x[..., :d])
+    up, gate = x.chunk(2, -1)
+    return F.silu(gate).mul_(up)
 
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-    d = x.shape[-1] // 2
-    return F.gelu(x[..., :d], approximate=approximate).mul_(x[..., d:])
+    gate, up = x.chunk(2, -1)
+    return F.gelu(gate, approximate=approximate).mul_(up)
 
 
 def fatrelu_and_mul(x: torch.Tensor, threshold: float = 0.0) -> torch.Tensor:
-    d = x.shape[-1] // 2
-    return F.threshold(x[..., :d], threshold, 0.0).mul_(x[..., d:])
+    gate, up = x.chunk(2, -1)
+    return F.threshold(gate, threshold, 0.0).mul_(up)
 
 
 def gelu_new(x: torch.Tensor) -> torch.Tensor:

@@ -139,10 +139,13 @@ def _check_input(op: str, x: Any, *, gated: bool, dtypes: tuple[torch.dtype, ...
 # Input sizes (elements) from which forward_cpu runs Inductor's fused kernel rather than eager,
 # measured in benchmarks/results/cpu_activation.md. A compiled call costs ~15 us of guards and
 # wrapper. Ops that are two or three eager kernels (silu_and_mul, relu2, ...) break even at about
-# 1M elements, once the data outgrows the caches; ops that are many (gelu_new: 8, xielu: 12,
-# the sparse row statistics) win from ~16K.
+# 1M elements, once the data outgrows the caches; ops that are many (gelu_new: 8, the sparse row
+# statistics) win from ~16K; xielu (12 kernels) from 2K (1.2x at 1x2048, one thread). The sparse
+# op's compiled code would win from 2K too (1.2-1.4x), but in bf16 its fp32 row statistics move
+# outputs near the cutoff by more than the tolerance against the bf16 spec (7x346), so it keeps 16K.
 FEW_KERNELS_MIN_NUMEL = 1 << 21
 MANY_KERNELS_MIN_NUMEL = 1 << 14
+STATS_KERNELS_MIN_NUMEL = 1 << 11
 
 
 def _run_on_cpu(fn: Callable[..., torch.Tensor], x: torch.Tensor, *args: Any, min_numel: float) -> torch.Tensor:
@@ -205,10 +208,10 @@ class _Activation(CustomOp):
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
         _check_input(self.name, x, gated=self.gated, dtypes=_CPU_DTYPES, contiguous=False)
-        cls, min_numel = type(self), self.cpu_compile_min_numel
-        if cls.eager_fn is not None and not needs_spec(x) and x.numel() < min_numel:
-            return cls.eager_fn(x, *self.math_args())  # decode sizes: the spec, fewer temporaries
-        return _run_on_cpu(cls.math_fn, x, *self.math_args(), min_numel=min_numel)
+        eager_fn, min_numel = self.eager_fn, self.cpu_compile_min_numel
+        if eager_fn is not None and not needs_spec(x) and x.numel() < min_numel:
+            return eager_fn(x, *self.math_args())  # decode sizes: the spec, fewer temporaries
+        return _run_on_cpu(self.math_fn, x, *self.math_args(), min_numel=min_numel)
 
     def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
         return self._library_op(x, "cuda")
@@ -309,6 +312,8 @@ class SwigluOAIAndMul(_Activation):
 
     math_fn = staticmethod(swigluoai_and_mul)
     gated = True
+    #: bf16/fp16 inputs compile from here (eager casts at every step): 1.56x at 16x16384 in bf16
+    cpu_compile_min_numel_low_precision: float = 1 << 17
     repr_fields = ("alpha", "limit")
 
     def __init__(self, alpha: float = 1.702, limit: float = 7.0, **kwargs: Any) -> None:
@@ -324,7 +329,9 @@ class SwigluOAIAndMul(_Activation):
         # measured), so large inputs are de-interleaved to [gates | ups] once, in eager, and the
         # compiled math runs on contiguous halves (2x faster than eager).
         _check_input(self.name, x, gated=True, dtypes=_CPU_DTYPES, contiguous=False)
-        if torch.compiler.is_compiling() or x.numel() < self.cpu_compile_min_numel:
+        low_precision = x.dtype in (torch.bfloat16, torch.float16)
+        min_numel = self.cpu_compile_min_numel_low_precision if low_precision else self.cpu_compile_min_numel
+        if torch.compiler.is_compiling() or x.numel() < min_numel:
             return swigluoai_and_mul(x, self.alpha, self.limit)
         halves = x.unflatten(-1, (-1, 2)).transpose(-1, -2).contiguous().flatten(-2)
         return _run_on_cpu(_swigluoai_on_halves, halves, self.alpha, self.limit, min_numel=0)
@@ -373,7 +380,7 @@ class XIELU(_Activation):
     ``dtype`` too; the op uses their rounded values."""
 
     math_fn = staticmethod(xielu)
-    cpu_compile_min_numel = MANY_KERNELS_MIN_NUMEL
+    cpu_compile_min_numel = STATS_KERNELS_MIN_NUMEL
 
     def __init__(self, alpha_p_init: float = 0.8, alpha_n_init: float = 0.8, beta: float = 0.5,
                  eps: float = -1e-6, dtype: torch.dtype = torch.bfloat16,

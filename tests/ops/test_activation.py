@@ -100,6 +100,13 @@ CASE_IDS = [c.label for c in CASES]
 CASE_BY_LABEL = {c.label: c for c in CASES}
 
 
+def set_cpu_threshold(monkeypatch, op: CustomOp, numel: float) -> None:
+    """forward_cpu compiles from ``numel`` elements, for every dtype the op distinguishes."""
+    for attr in ("cpu_compile_min_numel", "cpu_compile_min_numel_low_precision"):
+        if hasattr(op, attr):
+            monkeypatch.setattr(op, attr, numel)
+
+
 def build(case: Case) -> CustomOp:
     with use_config(Config(custom_ops=["all"])):
         return case.make()
@@ -129,7 +136,7 @@ PARAMS = [pytest.param(c, s, id=f"{c.label}-{'x'.join(map(str, s))}") for c in C
 @pytest.mark.parametrize("case,shape", PARAMS)
 def test_native_and_cpu_eager_match_reference(case, shape, dtype, monkeypatch):
     op = build(case)
-    monkeypatch.setattr(op, "cpu_compile_min_numel", math.inf)  # compile off: forward_cpu stays eager
+    set_cpu_threshold(monkeypatch, op, math.inf)  # compile off: forward_cpu stays eager
     x = randn(*shape, dtype=dtype, scale=case.scale)
     x_before = x.clone()
     expected = case.reference(x.double(), op)
@@ -151,7 +158,7 @@ COMPILED += [pytest.param(CASE_BY_LABEL["silu_and_mul"], dt, id=f"silu_and_mul-{
 @pytest.mark.parametrize("case,dtype", COMPILED)
 def test_cpu_compiled_matches_reference(case, dtype, monkeypatch):
     op = build(case)
-    monkeypatch.setattr(op, "cpu_compile_min_numel", 0)
+    set_cpu_threshold(monkeypatch, op, 0)
     with torch.no_grad():
         for shape in shapes_for(case)[1:]:  # both dims dynamic: one graph serves both shapes
             x = randn(*shape, dtype=dtype, scale=case.scale)
@@ -175,7 +182,7 @@ def test_cpu_path_handles_non_contiguous_input(label, monkeypatch):
     into a contiguous copy first, so it runs the compiled graph (the one built above)."""
     case = CASE_BY_LABEL[label]
     op = build(case)
-    monkeypatch.setattr(op, "cpu_compile_min_numel", 0)
+    set_cpu_threshold(monkeypatch, op, 0)
     x = randn(2 * 4231, 7, dtype=torch.bfloat16, scale=case.scale).t()  # last dim strided
     with torch.no_grad():
         check(case, op, x, op.forward_cpu(x))

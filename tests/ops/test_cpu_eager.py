@@ -13,7 +13,7 @@ from customop.ops import layernorm as ln
 from customop.testing import randn
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-SHAPES = ((1, 14), (7, 2 * 4231), (3, 5, 128))
+SHAPES = ((1, 14), (7, 2 * 4231), (3, 5, 128), (0, 8), (2, 0))
 
 ACTIVATIONS = [
     ("silu_and_mul", ()), ("mul_and_silu", ()), ("gelu_and_mul", ("none",)), ("gelu_and_mul", ("tanh",)),
