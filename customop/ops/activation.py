@@ -331,6 +331,8 @@ class SwigluOAIAndMul(_Activation):
         _check_input(self.name, x, gated=True, dtypes=_CPU_DTYPES, contiguous=False)
         low_precision = x.dtype in (torch.bfloat16, torch.float16)
         min_numel = self.cpu_compile_min_numel_low_precision if low_precision else self.cpu_compile_min_numel
+        if not needs_spec(x) and x.numel() < min_numel:
+            return eager.swigluoai_and_mul(x, self.alpha, self.limit)
         if torch.compiler.is_compiling() or x.numel() < min_numel:
             return swigluoai_and_mul(x, self.alpha, self.limit)
         halves = x.unflatten(-1, (-1, 2)).transpose(-1, -2).contiguous().flatten(-2)

@@ -17,7 +17,8 @@ SHAPES = ((1, 14), (7, 2 * 4231), (3, 5, 128), (0, 8), (2, 0))
 
 ACTIVATIONS = [
     ("silu_and_mul", ()), ("mul_and_silu", ()), ("gelu_and_mul", ("none",)), ("gelu_and_mul", ("tanh",)),
-    ("fatrelu_and_mul", (0.25,)), ("gelu_new", ()), ("gelu_fast", ()), ("quick_gelu", ()), ("relu2", ()),
+    ("fatrelu_and_mul", (0.25,)), ("swigluoai_and_mul", (1.702, 7.0)), ("swigluoai_and_mul", (1.0, 2.0)),
+    ("gelu_new", ()), ("gelu_fast", ()), ("quick_gelu", ()), ("relu2", ()),
 ]
 
 
