@@ -4,7 +4,10 @@
 2. under tensor parallelism, the ranks' slices are concatenated on the last dim: an all-gather
    when ``current_platform().use_all_gather()`` (read at construction), else a gather to rank 0,
    whose other ranks return None;
-3. the vocab padding is sliced off: ``logits[..., :org_vocab_size]``;
+3. the vocab padding is sliced off: ``logits[..., :org_vocab_size]``; when the LM head also holds
+   an added (LoRA) vocab, each rank's slice is ``[original rows | added rows]`` and only the
+   original rows are kept (vLLM's base processor drops the added vocab too; its LoRA wrapper
+   computes those logits);
 4. soft cap, then scale: ``logits = cap · tanh(logits / cap)``; ``logits *= scale`` (scale != 1).
 
 The bias is ``embedding_bias`` when given (vLLM's argument), else the LM head's own bias if it has
@@ -18,6 +21,7 @@ import torch
 from customop.custom_op import CustomOp
 from customop.distributed import TPGroup, get_tp_group
 from customop.ops.linear import Gemm, cpu_linear, linear
+from customop.ops.vocab_parallel_embedding import VocabShard
 from customop.platforms import current_platform
 
 
@@ -39,12 +43,22 @@ def postprocess_logits(logits: torch.Tensor, org_vocab_size: int | None, soft_ca
     return logits
 
 
+def original_vocab(logits: torch.Tensor, shard: VocabShard | None, tp_size: int) -> torch.Tensor:
+    """The gathered logits of the original vocab in id order: every rank's slice is ``[its
+    original rows | its added rows]``, so the added columns are dropped rank by rank."""
+    if shard is None or shard.added_rows == 0:
+        return logits
+    return logits.unflatten(-1, (tp_size, shard.rows))[..., :shard.org_rows].flatten(-2)
+
+
 def compute_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp: TPGroup,
                    use_all_gather: bool, org_vocab_size: int, soft_cap: float | None, scale: float,
-                   gemm: Gemm = linear) -> torch.Tensor | None:
+                   gemm: Gemm = linear, shard: VocabShard | None = None) -> torch.Tensor | None:
     """The whole path above; None on the ranks that do not receive the gathered logits."""
     logits = gather_logits(gemm(hidden, weight, bias), tp, use_all_gather)
-    return None if logits is None else postprocess_logits(logits, org_vocab_size, soft_cap, scale)
+    if logits is None:
+        return None
+    return postprocess_logits(original_vocab(logits, shard, tp.tp_size), org_vocab_size, soft_cap, scale)
 
 
 @CustomOp.register("logits_processor")
@@ -72,7 +86,7 @@ class LogitsProcessor(CustomOp):
             return postprocess_logits(hidden_states, None, self.soft_cap, self.scale)
         tp, bias = self._inputs(lm_head, embedding_bias)
         return compute_logits(hidden_states, lm_head.weight, bias, tp, self.use_all_gather, self.org_vocab_size,
-                              self.soft_cap, self.scale, gemm)
+                              self.soft_cap, self.scale, gemm, getattr(lm_head, "shard", None))
 
     def forward_native(self, lm_head, hidden_states: torch.Tensor, embedding_bias: torch.Tensor | None = None):
         return self._run(lm_head, hidden_states, embedding_bias, linear)

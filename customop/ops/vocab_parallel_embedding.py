@@ -5,11 +5,16 @@ contiguous slice of the padded rows. A lookup maps the ids this rank owns to loc
 other id to row 0, zeroes the rows it does not own, and sums over ranks (all-reduce): each token
 has exactly one owner, so the sum is that owner's row.
 
+An added vocabulary (LoRA adapters' extra tokens: ``org_num_embeddings < num_embeddings``) follows
+vLLM's layout: the original vocab is padded on its own, the added one after it, and each rank's
+table is ``[its slice of the padded original rows | its slice of the padded added rows]``. Token
+ids keep their global numbering (added tokens start at ``org_num_embeddings``). Checkpoints hold
+the original rows only (``weight_loader``); adapters fill the added ones (``added_vocab_loader``).
+
 ``ParallelLMHead`` shares the layout; its forward raises, because its weight is consumed by
 ``LogitsProcessor`` (hidden · Wᵀ gives this rank's slice of the logits).
 
-Not implemented: vLLM's extra (LoRA) vocabulary appended after the padded original one
-(``org_num_embeddings`` smaller than ``num_embeddings``), and quantized embeddings.
+Not implemented: quantized embeddings.
 """
 
 from __future__ import annotations
@@ -33,29 +38,56 @@ def pad_vocab_size(vocab_size: int, pad_to: int = DEFAULT_VOCAB_PADDING_SIZE) ->
 
 @dataclasses.dataclass(frozen=True)
 class VocabShard:
-    """This rank's rows: ids ``[start, end)`` are real tokens it owns; the local table has
-    ``rows`` entries (``end - start`` real ones, then padding)."""
+    """This rank's rows (vLLM's ``VocabParallelEmbeddingShardIndices``). The local table holds
+    ``org_rows`` rows for the original vocab, then ``added_rows`` for the added one; ids in
+    ``[org_start, org_end)`` are local rows ``0..``, ids in ``[added_start, added_end)`` local rows
+    ``org_rows..``; the rest of each part is padding."""
 
-    start: int
-    end: int
-    rows: int
+    org_start: int
+    org_end: int
+    org_rows: int
+    added_start: int = 0
+    added_end: int = 0
+    added_rows: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.org_rows + self.added_rows
 
     @classmethod
-    def of(cls, vocab_size: int, padded_size: int, tp: TPGroup, what: str) -> VocabShard:
-        rows = tp.shard_size(padded_size, f"{what} padded vocab (vocab {vocab_size} padded to {padded_size})")
-        start = tp.tp_rank * rows
-        return cls(start=min(start, vocab_size), end=min(start + rows, vocab_size), rows=rows)
+    def of(cls, org_vocab: int, vocab: int, padding_size: int, tp: TPGroup, what: str) -> VocabShard:
+        org_padded = pad_vocab_size(org_vocab, padding_size)
+        padded = pad_vocab_size(org_padded + vocab - org_vocab, padding_size)
+        org_rows = tp.shard_size(org_padded, f"{what} padded vocab (vocab {org_vocab} padded to {org_padded})")
+        added_rows = tp.shard_size(padded - org_padded, f"{what} padded added vocab "
+                                   f"({vocab - org_vocab} tokens padded to {padded - org_padded})")
+        org_start, added_start = tp.tp_rank * org_rows, org_vocab + tp.tp_rank * added_rows
+        return cls(org_start=min(org_start, org_vocab), org_end=min(org_start + org_rows, org_vocab),
+                   org_rows=org_rows, added_start=min(added_start, vocab),
+                   added_end=min(added_start + added_rows, vocab), added_rows=added_rows)
+
+    def local_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(local row of each id, whether this rank owns it); ids it does not own read row 0."""
+        in_org = (ids >= self.org_start) & (ids < self.org_end)
+        local = torch.where(in_org, ids - self.org_start, torch.zeros_like(ids))
+        if self.added_rows == 0:
+            return local, in_org
+        in_added = (ids >= self.added_start) & (ids < self.added_end)
+        local = torch.where(in_added, ids - self.added_start + self.org_rows, local)
+        return local, in_org | in_added
 
 
 def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, shard: VocabShard, tp: TPGroup,
                              reduce_results: bool = True) -> torch.Tensor:
-    """``out[t] = W_full[ids[t]]``: local lookup of the ids in ``[start, end)`` (others read row 0 and
+    """``out[t] = W_full[ids[t]]``: local lookup of the ids this rank owns (others read row 0 and
     are zeroed), then a sum over ranks."""
-    if tp.tp_size == 1:
+    if tp.tp_size == 1 and shard.added_rows == 0:  # local rows are the ids themselves
         return F.embedding(ids, weight)
-    owned = (ids >= shard.start) & (ids < shard.end)
-    local_ids = torch.where(owned, ids - shard.start, torch.zeros_like(ids))
-    out = F.embedding(local_ids, weight).masked_fill(~owned.unsqueeze(-1), 0)
+    local_ids, owned = shard.local_rows(ids)
+    out = F.embedding(local_ids, weight)
+    if tp.tp_size == 1:
+        return out
+    out = out.masked_fill(~owned.unsqueeze(-1), 0)
     return tp.all_reduce(out) if reduce_results else out
 
 
@@ -71,17 +103,18 @@ class VocabParallelEmbedding(CustomOp):
         name = type(self).__name__
         if quant_config is not None:
             raise NotImplementedError(f"{name}: quantized embeddings are not implemented")
-        if org_num_embeddings not in (None, num_embeddings):
-            raise NotImplementedError(f"{name}: an added (LoRA) vocabulary (org_num_embeddings="
-                                      f"{org_num_embeddings} < num_embeddings={num_embeddings}) is not implemented")
-        if num_embeddings < 1 or padding_size < 1:
-            raise ValueError(f"{name}: num_embeddings={num_embeddings} and padding_size={padding_size} must be >= 1")
+        org_vocab = num_embeddings if org_num_embeddings is None else org_num_embeddings
+        if num_embeddings < 1 or padding_size < 1 or not 1 <= org_vocab <= num_embeddings:
+            raise ValueError(f"{name}: need 1 <= org_num_embeddings={org_num_embeddings} <= num_embeddings="
+                             f"{num_embeddings} and padding_size={padding_size} >= 1")
         self.tp = TPGroup() if disable_tp else get_tp_group()
         self.tp_rank, self.tp_size = self.tp.tp_rank, self.tp.tp_size
-        self.num_embeddings = self.org_vocab_size = num_embeddings
+        self.num_embeddings, self.org_vocab_size = num_embeddings, org_vocab
+        self.num_added_embeddings = num_embeddings - org_vocab
         self.embedding_dim, self.padding_size, self.prefix = embedding_dim, padding_size, prefix
-        self.num_embeddings_padded = pad_vocab_size(num_embeddings, padding_size)
-        self.shard = VocabShard.of(num_embeddings, self.num_embeddings_padded, self.tp, name)
+        self.shard = VocabShard.of(org_vocab, num_embeddings, padding_size, self.tp, name)
+        self.org_vocab_size_padded = self.shard.org_rows * self.tp_size
+        self.num_embeddings_padded = self.shard.rows * self.tp_size
         self.num_embeddings_per_partition = self.shard.rows
         self.reduce_results = reduce_results
         dtype = params_dtype or torch.get_default_dtype()
@@ -93,17 +126,33 @@ class VocabParallelEmbedding(CustomOp):
         return p
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        """Copies this rank's rows of the full ``(num_embeddings, ...)`` tensor; padding rows get 0."""
-        expected = (self.num_embeddings, *param.shape[1:])
-        if tuple(loaded_weight.shape) != expected:
-            raise ValueError(
-                f"{type(self).__name__}.weight_loader: expected the full checkpoint tensor of shape {expected}, "
-                f"got {tuple(loaded_weight.shape)} (rank {self.tp_rank} of tp_size={self.tp_size} keeps rows "
-                f"{self.shard.start}:{self.shard.end} of the vocab padded to {self.num_embeddings_padded}); "
-                "pass the unsharded tensor")
-        n = self.shard.end - self.shard.start
-        param.data[:n].copy_(loaded_weight[self.shard.start:self.shard.end])
+        """Copies this rank's rows of the full ``(org_num_embeddings, ...)`` checkpoint tensor (the
+        original vocab); every other row (padding, the added vocab) becomes 0."""
+        shard = self.shard
+        self._check_full(loaded_weight, param, self.org_vocab_size, "weight_loader", "the full checkpoint tensor")
+        n = shard.org_end - shard.org_start
+        param.data[:n].copy_(loaded_weight[shard.org_start:shard.org_end])
         param.data[n:].zero_()
+
+    def added_vocab_loader(self, param: nn.Parameter, added_weight: torch.Tensor) -> None:
+        """Copies this rank's rows of the added vocab, ``(num_embeddings - org_num_embeddings, ...)``
+        for ids ``org_num_embeddings..``, into the added part of the table (its padding: 0)."""
+        shard = self.shard
+        self._check_full(added_weight, param, self.num_added_embeddings, "added_vocab_loader", "all added rows")
+        n = shard.added_end - shard.added_start
+        first = shard.added_start - self.org_vocab_size
+        param.data[shard.org_rows:shard.org_rows + n].copy_(added_weight[first:first + n])
+        param.data[shard.org_rows + n:].zero_()
+
+    def _check_full(self, tensor: torch.Tensor, param: nn.Parameter, rows: int, where: str, what: str) -> None:
+        expected = (rows, *param.shape[1:])
+        if tuple(tensor.shape) != expected:
+            s = self.shard
+            raise ValueError(
+                f"{type(self).__name__}.{where}: expected {what} of shape {expected}, got {tuple(tensor.shape)} "
+                f"(rank {self.tp_rank} of tp_size={self.tp_size} keeps ids {s.org_start}:{s.org_end}"
+                + (f" and added ids {s.added_start}:{s.added_end}" if self.num_added_embeddings else "")
+                + f" of the vocab padded to {self.num_embeddings_padded}); pass the unsharded tensor")
 
     def _check(self, ids: torch.Tensor) -> None:
         if ids.dtype.is_floating_point or ids.dtype == torch.bool:
@@ -118,8 +167,9 @@ class VocabParallelEmbedding(CustomOp):
         return self.forward_native(input_)
 
     def extra_repr(self) -> str:
-        return (f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}, "
-                f"num_embeddings_padded={self.num_embeddings_padded}, tp_size={self.tp_size}")
+        return (f"num_embeddings={self.num_embeddings}, org_vocab_size={self.org_vocab_size}, "
+                f"embedding_dim={self.embedding_dim}, num_embeddings_padded={self.num_embeddings_padded}, "
+                f"tp_size={self.tp_size}")
 
 
 @CustomOp.register("parallel_lm_head")
@@ -141,7 +191,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> ParallelLMHead:
         """Shares the embedding's weight (tied word embeddings); the shards must line up."""
-        if (embed_tokens.num_embeddings_padded, embed_tokens.tp_size) != (self.num_embeddings_padded, self.tp_size):
+        if (embed_tokens.shard, embed_tokens.tp_size) != (self.shard, self.tp_size):
             raise ValueError("ParallelLMHead.tie_weights: the embedding is padded or sharded differently "
                              f"({embed_tokens.num_embeddings_padded} rows over tp_size={embed_tokens.tp_size} vs "
                              f"{self.num_embeddings_padded} over {self.tp_size})")

@@ -72,21 +72,27 @@ def _row(dtype, device, gen) -> list[Sample]:
             for (lead, k, n, b), parallel in zip(_SHAPES, (True, False, True))]
 
 
-def _vocab_table(vocab: int, dim: int, dtype, device, gen) -> torch.Tensor:
-    """The tp-1 parameter: the real rows, then zero padding up to a multiple of 64."""
-    table = torch.zeros(pad_vocab_size(vocab), dim, dtype=dtype, device=device)
-    table[:vocab] = randn(vocab, dim, dtype=dtype, device=device, generator=gen)
+def _vocab_table(vocab: int, dim: int, dtype, device, gen, org: int | None = None) -> torch.Tensor:
+    """The tp-1 parameter: the real rows of the original vocab (``org`` of them, default all),
+    zero padding up to a multiple of 64, then the added rows and their padding."""
+    org = vocab if org is None else org
+    org_padded = pad_vocab_size(org)
+    table = torch.zeros(pad_vocab_size(org_padded + vocab - org), dim, dtype=dtype, device=device)
+    table[:org] = randn(org, dim, dtype=dtype, device=device, generator=gen)
+    table[org_padded:org_padded + vocab - org] = randn(vocab - org, dim, dtype=dtype, device=device, generator=gen)
     return table
 
 
 @register_samples("vocab_parallel_embedding")
 def _embedding(dtype, device, gen) -> list[Sample]:
     out = []
-    for vocab, dim, ids_shape in ((100, 32, (7,)), (64, 48, (2, 5)), (1000, 24, (1,))):
+    for vocab, org, dim, ids_shape in ((100, 100, 32, (7,)), (64, 64, 48, (2, 5)), (1000, 1000, 24, (1,)),
+                                       (100, 90, 16, (3, 4))):
         ids = torch.randint(0, vocab, ids_shape, generator=gen).to(device)
-        out.append(Sample({"num_embeddings": vocab, "embedding_dim": dim, "params_dtype": dtype}, (ids,),
-                          state={"weight": _vocab_table(vocab, dim, dtype, device, gen)},
-                          label=f"vocab_parallel_embedding vocab={vocab} dim={dim} ids={ids_shape}"))
+        out.append(Sample({"num_embeddings": vocab, "embedding_dim": dim, "params_dtype": dtype,
+                           "org_num_embeddings": org}, (ids,),
+                          state={"weight": _vocab_table(vocab, dim, dtype, device, gen, org)},
+                          label=f"vocab_parallel_embedding vocab={vocab} (original {org}) dim={dim} ids={ids_shape}"))
     return out
 
 
@@ -94,10 +100,11 @@ def _embedding(dtype, device, gen) -> list[Sample]:
 def _logits(dtype, device, gen) -> list[Sample]:
     out = []
     for vocab, dim, lead, kwargs in ((100, 32, (3,), {}), (257, 64, (2, 2), {"soft_cap": 30.0, "scale": 0.5}),
-                                      (64, 16, (1,), {"scale": 2.0})):
-        head = ParallelLMHead(vocab, dim, params_dtype=dtype).to(device)
+                                      (64, 16, (1,), {"scale": 2.0}), (100, 16, (2,), {"org_vocab_size": 90})):
+        org = kwargs.get("org_vocab_size")
+        head = ParallelLMHead(vocab, dim, params_dtype=dtype, org_num_embeddings=org).to(device)
         with torch.no_grad():
-            head.weight.copy_(_vocab_table(vocab, dim, dtype, device, gen) * dim ** -0.5)
+            head.weight.copy_(_vocab_table(vocab, dim, dtype, device, gen, org) * dim ** -0.5)
         hidden = randn(*lead, dim, dtype=dtype, device=device, generator=gen)
         out.append(Sample({"vocab_size": vocab, **kwargs}, (head, hidden),
                           label=f"logits_processor vocab={vocab} dim={dim} {kwargs}"))

@@ -29,7 +29,7 @@ def free_port() -> int:
 def run_ranks(module: str, world_size: int = 2, timeout: float = 120.0, extra_args: tuple[str, ...] = ()) -> list[dict]:
     """Runs ``module`` as ``world_size`` ranks; returns each rank's report (rank order).
 
-    Raises RuntimeError with every rank's output if a rank exits non-zero, writes no report, or the
+    Raises RuntimeError with every rank's output if a rank writes no report, or the
     job outlives ``timeout`` (a collective mismatch hangs rather than fails; the timeout turns it
     into an error).
     """
@@ -55,7 +55,9 @@ def run_ranks(module: str, world_size: int = 2, timeout: float = 120.0, extra_ar
                     p.kill()
                 logs.append(proc.communicate()[0])
         logs += [p.communicate()[0] for p in procs[len(logs):]]
-        failed = timed_out or any(p.returncode != 0 for p in procs) or not all(o.exists() for o in outs)
+        # A rank whose checks failed still writes its report (exit 1): the per-check tests show
+        # those tracebacks. Only a missing report or a hang is the job's own failure.
+        failed = timed_out or not all(o.exists() for o in outs)
         if failed:
             detail = "\n".join(f"--- rank {r} (exit {p.returncode}) ---\n{log[-4000:]}"
                                for r, (p, log) in enumerate(zip(procs, logs)))

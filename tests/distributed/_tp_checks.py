@@ -295,14 +295,46 @@ def check_vocab_embedding(tp: TPGroup) -> None:
         what = f"embedding vocab={vocab}"
         assert layer.num_embeddings_padded % 64 == 0
         assert layer.weight.shape[0] == layer.num_embeddings_padded // tp.tp_size
-        real = layer.shard.end - layer.shard.start
+        real = layer.shard.org_end - layer.shard.org_start
         assert torch.all(layer.weight[real:] == 0), f"{what}: padding rows must be zero"
         for path, out in outs.items():
             assert_close(out, want, what=f"{what} {path}")
         assert_close(ref(ids), want, what=f"{what} tp1")
-        owned = (ids >= layer.shard.start) & (ids < layer.shard.end)
+        owned = (ids >= layer.shard.org_start) & (ids < layer.shard.org_end)
         assert torch.all(local[~owned] == 0), f"{what}: rows of tokens another rank owns must be zero"
         assert_close(summed, want, what=f"{what} reduce_results=False then all_reduce")
+
+
+@check
+def check_added_vocab(tp: TPGroup) -> None:
+    """An added (LoRA) vocab: each rank holds [its original rows | its added rows]; lookups of ids on
+    both sides of every boundary match the full table, and the logits keep the original vocab."""
+    dim = 16
+    hidden = full(2, 3, dim, seed=90)
+    for org, vocab in ((90, 100), (33, 40), (64, 65), (128, 200)):
+        table = full(vocab, dim, seed=91 + vocab)
+        layers = {name: build(g, VocabParallelEmbedding, vocab, dim, org_num_embeddings=org) for name, g in
+                  (("tp", tp), ("ref", None))}
+        head = build(tp, ParallelLMHead, vocab, dim, org_num_embeddings=org)
+        for m in (*layers.values(), head):
+            m.weight_loader(m.weight, table[:org])
+            m.added_vocab_loader(m.weight, table[org:])
+        per_org, per_added = layers["tp"].shard.org_rows, layers["tp"].shard.added_rows
+        edges = {0, org - 1, org, vocab - 1}
+        for r in range(tp.tp_size + 1):
+            edges |= {r * per_org - 1, r * per_org, org + r * per_added - 1, org + r * per_added}
+        ids = torch.tensor(sorted(i for i in edges if 0 <= i < vocab), device=DEVICE)
+        outs = run_paths(layers["tp"], ids)
+        proc = LogitsProcessor(vocab, org_vocab_size=org)
+        logits = run_paths(proc, head, hidden)
+        what = f"added vocab org={org} vocab={vocab}"
+        want = F.embedding(ids, table)
+        for path, out in outs.items():
+            assert_close(out, want, what=f"{what} embedding {path}")
+        assert_close(layers["ref"](ids), want, what=f"{what} embedding tp1")
+        for path, out in logits.items():
+            assert out is not None and out.shape == (2, 3, org), f"{what} logits {path}: shape"
+            assert_close(out, F.linear(hidden, table[:org]), what=f"{what} logits {path}")
 
 
 @check

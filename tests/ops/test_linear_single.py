@@ -156,10 +156,48 @@ def test_vocab_parallel_embedding():
         emb.forward_cpu(ids.float())
     with pytest.raises(ValueError, match=r"full checkpoint tensor of shape \(100, 24\)"):
         emb.weight_loader(emb.weight, torch.zeros(128, dim))
-    with pytest.raises(NotImplementedError, match="LoRA"):
-        make(VocabParallelEmbedding, vocab, dim, org_num_embeddings=90)
     assert make(VocabParallelEmbedding, 64, 8).num_embeddings_padded == 64
     assert make(VocabParallelEmbedding, 65, 8, padding_size=8).num_embeddings_padded == 72
+    with pytest.raises(ValueError, match="org_num_embeddings=101"):
+        make(VocabParallelEmbedding, vocab, dim, org_num_embeddings=101)
+
+
+def test_vocab_parallel_embedding_with_added_vocab():
+    """vLLM's layout: the original 90 ids padded to 128 rows, the 10 added ids (90..99) after
+    them, the whole padded to 192; checkpoints carry the original rows, adapters the added ones."""
+    org, vocab, dim = 90, 100, 24
+    table = randn(vocab, dim)
+    emb = make(VocabParallelEmbedding, vocab, dim, org_num_embeddings=org)
+    assert (emb.org_vocab_size, emb.num_added_embeddings) == (org, 10)
+    assert (emb.org_vocab_size_padded, emb.num_embeddings_padded) == (128, 192)
+    emb.weight.fill_(float("nan"))  # poison: every row must be written
+    emb.weight_loader(emb.weight, table[:org])
+    emb.added_vocab_loader(emb.weight, table[org:])
+    assert torch.all(emb.weight[org:128] == 0) and torch.all(emb.weight[138:] == 0)
+    assert torch.equal(emb.weight[128:138], table[org:])
+    ids = torch.tensor([[0, 89, 90], [99, 45, 91]])
+    for path in PATHS:
+        assert_close(getattr(emb, path)(ids), table.double()[ids], torch.float32)
+    with pytest.raises(ValueError, match=r"full checkpoint tensor of shape \(90, 24\)"):
+        emb.weight_loader(emb.weight, table)
+    with pytest.raises(ValueError, match=r"all added rows of shape \(10, 24\)"):
+        emb.added_vocab_loader(emb.weight, table[:5])
+
+
+def test_logits_processor_drops_the_added_vocab():
+    org, vocab, dim = 90, 100, 16
+    table, bias = randn(vocab, dim), randn(vocab)
+    head = make(ParallelLMHead, vocab, dim, bias=True, org_num_embeddings=org)
+    head.weight_loader(head.weight, table[:org])
+    head.added_vocab_loader(head.weight, table[org:])
+    head.weight_loader(head.bias, bias[:org])
+    head.added_vocab_loader(head.bias, bias[org:])
+    hidden = randn(3, dim)
+    proc = make(LogitsProcessor, vocab, org_vocab_size=org)
+    for path in PATHS:
+        out = getattr(proc, path)(head, hidden)
+        assert out.shape == (3, org)
+        assert_close(out, ref_linear(hidden, table[:org], bias[:org]), torch.float32)
 
 
 def test_parallel_lm_head_is_not_called_directly():
