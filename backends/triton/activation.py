@@ -175,8 +175,9 @@ def _gated_io(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return out, rows, out.view(-1, d)
 
 
-def _and_mul(x: torch.Tensor, act: tl.constexpr, threshold: float = 0.0, gate_second: bool = False,
-             config: _tuning.TileConfig | None = None) -> torch.Tensor:
+def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *args, **constexprs) -> torch.Tensor:
+    """A gated op's launch over ``[n_rows, d]`` output tiles: ``kernel(rows, out_rows, n_rows, d,
+    x_stride, out_stride, *args, **constexprs, BLOCK_M, BLOCK_N)`` in row-major tile order."""
     out, rows, out_rows = _gated_io(x)
     n_rows, d = out_rows.shape
     if out.numel() == 0:
@@ -184,10 +185,16 @@ def _and_mul(x: torch.Tensor, act: tl.constexpr, threshold: float = 0.0, gate_se
     cfg = config or _tuning.tile_config(x.device, n_rows, d)
     grid = (triton.cdiv(n_rows, cfg.block_m) * triton.cdiv(d, cfg.block_n),)
     with device_guard(x.device):
-        _and_mul_kernel[grid](rows, out_rows, n_rows, d, row_stride(rows), d, d if gate_second else 0,
-                              0 if gate_second else d, threshold, ACT=act.value, BLOCK_M=cfg.block_m,
-                              BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+        kernel[grid](rows, out_rows, n_rows, d, row_stride(rows), d, *args, **constexprs,
+                     BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     return out
+
+
+def _and_mul(x: torch.Tensor, act: tl.constexpr, threshold: float = 0.0, gate_second: bool = False,
+             config: _tuning.TileConfig | None = None) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    gate_offset, up_offset = (d, 0) if gate_second else (0, d)
+    return _launch_tiles(_and_mul_kernel, x, config, gate_offset, up_offset, threshold, ACT=act.value)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -214,16 +221,7 @@ def fatrelu_and_mul(x: torch.Tensor, threshold: float) -> torch.Tensor:
 
 def swigluoai_and_mul(x: torch.Tensor, alpha: float, limit: float,
                       config: _tuning.TileConfig | None = None) -> torch.Tensor:
-    out, rows, out_rows = _gated_io(x)
-    n_rows, d = out_rows.shape
-    if out.numel() == 0:
-        return out
-    cfg = config or _tuning.tile_config(x.device, n_rows, d)
-    grid = (triton.cdiv(n_rows, cfg.block_m) * triton.cdiv(d, cfg.block_n),)
-    with device_guard(x.device):
-        _swigluoai_kernel[grid](rows, out_rows, n_rows, d, row_stride(rows), d, alpha, limit,
-                                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
-    return out
+    return _launch_tiles(_swigluoai_kernel, x, config, alpha, limit)
 
 
 def gelu_and_mul_sparse(x: torch.Tensor, std_multiplier: float, approximate: str,
