@@ -98,3 +98,12 @@ def test_norm_forward_cpu_gradients_through_the_eager_path(cls):
     op.forward_native(ref_x).square().sum().backward()
     torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-6)
 
+
+
+@pytest.mark.parametrize("name,args", ACTIVATIONS, ids=lambda v: str(v))
+def test_activation_eager_takes_inference_tensors_outside_inference_mode(name, args):
+    """The in-place steps touch only temporaries made inside the call, never x: an inference
+    tensor (made under torch.inference_mode) can be passed in normal mode."""
+    with torch.inference_mode():
+        x = randn(3, 64, dtype=torch.float32)
+    assert torch.equal(getattr(eager, name)(x, *args), getattr(act, name)(x, *args))
