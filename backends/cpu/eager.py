@@ -13,9 +13,9 @@ or temporaries:
   bitwise on torch 2.13). A bf16/fp16 weight makes the spec round before the multiply (HF Llama),
   which the fused kernel does not do, so those keep the spec.
 
-In-place steps overwrite values that autograd may have saved, so callers use these only when
-``x`` does not require grad (``needs_spec``), and never under ``torch.compile``, where Inductor
-fuses the spec itself.
+In-place steps overwrite values that autograd may have saved, so callers use the activations here
+only while autograd is not recording for ``x``, and none of these under ``torch.compile``, where
+Inductor fuses the spec itself.
 """
 
 from __future__ import annotations
@@ -26,13 +26,6 @@ import torch
 import torch.nn.functional as F
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-
-def needs_spec(*tensors: torch.Tensor | None) -> bool:
-    """True when the spec itself must run: under torch.compile, or when autograd is recording."""
-    if torch.compiler.is_compiling():
-        return True
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 # ---- activations (bitwise the spec: customop/ops/activation.py) -------------------------------

@@ -89,10 +89,7 @@ def bench_one(label: str, op: torch.nn.Module, native_op: torch.nn.Module, token
         "compile": lambda: static(x, *args),
         "forward_cpu": lambda: op(x),
     }, rounds)
-    threshold = op.cpu_compile_min_numel
-    if dtype in (torch.bfloat16, torch.float16):
-        threshold = getattr(op, "cpu_compile_min_numel_low_precision", threshold)
-    path = "compiled" if x.numel() >= threshold else "eager"
+    path = "compiled" if x.numel() >= op._cpu_min_numel(x) else "eager"
     us = {k: v * 1e6 for k, v in t.items()}
     return (f"| {label} | {str(dtype).removeprefix('torch.')} | {tokens}x{tuple(x.shape)[-1]} | "
             f"{us['eager']:.1f} | {us['native_op']:.1f} | {us['compile']:.1f} | "

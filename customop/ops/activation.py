@@ -20,7 +20,6 @@ from torch import nn
 
 from customop.backend_loader import load_backend
 from customop.backends.cpu import eager
-from customop.backends.cpu.eager import needs_spec
 from customop.custom_op import CustomOp
 
 # ---- the math (the spec; each CustomOp's forward_native calls one of these) -------------------
@@ -112,6 +111,7 @@ def xielu(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor, beta: f
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = (*_KERNEL_DTYPES, torch.float64)
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def _check_input(op: str, x: Any, *, gated: bool, dtypes: tuple[torch.dtype, ...], contiguous: bool) -> None:
@@ -139,10 +139,8 @@ def _check_input(op: str, x: Any, *, gated: bool, dtypes: tuple[torch.dtype, ...
 # Input sizes (elements) from which forward_cpu runs Inductor's fused kernel rather than eager,
 # measured in benchmarks/results/cpu_activation.md. A compiled call costs ~15 us of guards and
 # wrapper. Ops that are two or three eager kernels (silu_and_mul, relu2, ...) break even at about
-# 1M elements, once the data outgrows the caches; ops that are many (gelu_new: 8, the sparse row
-# statistics) win from ~16K; xielu (12 kernels) from 2K (1.2x at 1x2048, one thread). The sparse
-# op's compiled code would win from 2K too (1.2-1.4x), but in bf16 its fp32 row statistics move
-# outputs near the cutoff by more than the tolerance against the bf16 spec (7x346), so it keeps 16K.
+# 1M elements, once the data outgrows the caches; ops that are many (gelu_new: 8) win from ~16K;
+# xielu (12 kernels) and the sparse row statistics from 2K (1.2-1.4x at 1x2048, one thread).
 FEW_KERNELS_MIN_NUMEL = 1 << 21
 MANY_KERNELS_MIN_NUMEL = 1 << 14
 STATS_KERNELS_MIN_NUMEL = 1 << 11
@@ -190,6 +188,8 @@ class _Activation(CustomOp):
     gated: ClassVar[bool] = False
     compile_native_default: ClassVar[bool] = False
     cpu_compile_min_numel: ClassVar[float] = FEW_KERNELS_MIN_NUMEL
+    #: bf16/fp16 inputs compile from here instead, where the measurements differ by dtype
+    cpu_compile_min_numel_low_precision: ClassVar[float | None] = None
     repr_fields: ClassVar[tuple[str, ...]] = ()  # constructor arguments shown by print(module)
 
     def __init__(self, *, enforce_enable: bool = False, compile_native: bool | None = None) -> None:
@@ -207,11 +207,25 @@ class _Activation(CustomOp):
         return type(self).math_fn(x, *self.math_args())
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        # Straight-line on purpose: a decode-sized call takes 4-60 us, so each Python step shows.
         _check_input(self.name, x, gated=self.gated, dtypes=_CPU_DTYPES, contiguous=False)
-        eager_fn, min_numel = self.eager_fn, self.cpu_compile_min_numel
-        if eager_fn is not None and not needs_spec(x) and x.numel() < min_numel:
-            return eager_fn(x, *self.math_args())  # decode sizes: the spec, fewer temporaries
-        return _run_on_cpu(self.math_fn, x, *self.math_args(), min_numel=min_numel)
+        if torch.compiler.is_compiling():  # the caller's Inductor fuses the spec
+            return self.math_fn(x, *self.math_args())
+        if x.numel() < self._cpu_min_numel(x):
+            fn = self.eager_fn  # the spec with fewer temporaries; not while autograd records
+            if fn is None or (x.requires_grad and torch.is_grad_enabled()):
+                fn = self.math_fn
+            return fn(x, *self.math_args())
+        return self._forward_cpu_compiled(x)
+
+    def _forward_cpu_compiled(self, x: torch.Tensor) -> torch.Tensor:
+        return _run_on_cpu(self.math_fn, x, *self.math_args(), min_numel=0)
+
+    def _cpu_min_numel(self, x: torch.Tensor) -> float:
+        low_precision = self.cpu_compile_min_numel_low_precision
+        if low_precision is not None and x.dtype in _LOW_PRECISION:
+            return low_precision
+        return self.cpu_compile_min_numel
 
     def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
         return self._library_op(x, "cuda")
@@ -270,7 +284,10 @@ class GeluAndMulSparse(_Activation):
 
     math_fn = staticmethod(gelu_and_mul_sparse)
     gated = True
-    cpu_compile_min_numel = MANY_KERNELS_MIN_NUMEL
+    # fp32 compiles from 2K (1.3x at 1x8192); bf16/fp16 keep 16K: there the compiled fp32 row
+    # statistics move outputs near the cutoff beyond the tolerance against the bf16 spec
+    cpu_compile_min_numel = STATS_KERNELS_MIN_NUMEL
+    cpu_compile_min_numel_low_precision = MANY_KERNELS_MIN_NUMEL
     repr_fields = ("activation_sparsity", "approximate")
 
     def __init__(self, activation_sparsity: float, approximate: str = "none", **kwargs: Any) -> None:
@@ -311,9 +328,10 @@ class SwigluOAIAndMul(_Activation):
     """GPT-OSS's clamped SwiGLU on interleaved (gate, up) lanes."""
 
     math_fn = staticmethod(swigluoai_and_mul)
+    eager_fn = staticmethod(eager.swigluoai_and_mul)
     gated = True
-    #: bf16/fp16 inputs compile from here (eager casts at every step): 1.56x at 16x16384 in bf16
-    cpu_compile_min_numel_low_precision: float = 1 << 17
+    #: bf16/fp16 inputs compile from here (eager casts at every step): 1.35x at 16x8192 in bf16
+    cpu_compile_min_numel_low_precision = 1 << 17
     repr_fields = ("alpha", "limit")
 
     def __init__(self, alpha: float = 1.702, limit: float = 7.0, **kwargs: Any) -> None:
@@ -324,17 +342,10 @@ class SwigluOAIAndMul(_Activation):
     def math_args(self) -> tuple[Any, ...]:
         return (self.alpha, self.limit)
 
-    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward_cpu_compiled(self, x: torch.Tensor) -> torch.Tensor:
         # Inductor's CPU code loads stride-2 lanes one element at a time (2x slower than eager,
         # measured), so large inputs are de-interleaved to [gates | ups] once, in eager, and the
         # compiled math runs on contiguous halves (2x faster than eager).
-        _check_input(self.name, x, gated=True, dtypes=_CPU_DTYPES, contiguous=False)
-        low_precision = x.dtype in (torch.bfloat16, torch.float16)
-        min_numel = self.cpu_compile_min_numel_low_precision if low_precision else self.cpu_compile_min_numel
-        if not needs_spec(x) and x.numel() < min_numel:
-            return eager.swigluoai_and_mul(x, self.alpha, self.limit)
-        if torch.compiler.is_compiling() or x.numel() < min_numel:
-            return swigluoai_and_mul(x, self.alpha, self.limit)
         halves = x.unflatten(-1, (-1, 2)).transpose(-1, -2).contiguous().flatten(-2)
         return _run_on_cpu(_swigluoai_on_halves, halves, self.alpha, self.limit, min_numel=0)
 
