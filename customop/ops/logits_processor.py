@@ -53,9 +53,15 @@ def original_vocab(logits: torch.Tensor, shard: VocabShard | None, tp_size: int)
 
 def compute_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp: TPGroup,
                    use_all_gather: bool, org_vocab_size: int, soft_cap: float | None, scale: float,
-                   gemm: Gemm = linear, shard: VocabShard | None = None) -> torch.Tensor | None:
-    """The whole path above; None on the ranks that do not receive the gathered logits."""
-    logits = gather_logits(gemm(hidden, weight, bias), tp, use_all_gather)
+                   gemm: Gemm = linear, shard: VocabShard | None = None,
+                   skip_gather: bool = False) -> torch.Tensor | None:
+    """The whole path above; None on the ranks that do not receive the gathered logits.
+    ``skip_gather``: this rank's slice only, no collective (then sliced, capped and scaled as
+    vLLM does; for callers that gather themselves)."""
+    local = gemm(hidden, weight, bias)
+    if skip_gather:
+        return postprocess_logits(local, org_vocab_size, soft_cap, scale)
+    logits = gather_logits(local, tp, use_all_gather)
     if logits is None:
         return None
     return postprocess_logits(original_vocab(logits, shard, tp.tp_size), org_vocab_size, soft_cap, scale)
@@ -63,8 +69,9 @@ def compute_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 @CustomOp.register("logits_processor")
 class LogitsProcessor(CustomOp):
-    """``forward(lm_head, hidden_states, embedding_bias=None)`` -> logits ``[..., org_vocab_size]``
-    (or None on non-zero ranks when the platform gathers to rank 0)."""
+    """``forward(lm_head, hidden_states, embedding_bias=None, skip_gather=False)`` -> logits
+    ``[..., org_vocab_size]`` (or None on non-zero ranks when the platform gathers to rank 0;
+    this rank's slice with ``skip_gather=True``)."""
 
     def __init__(self, vocab_size: int, org_vocab_size: int | None = None, scale: float = 1.0,
                  logits_as_input: bool = False, soft_cap: float | None = None) -> None:
@@ -81,19 +88,22 @@ class LogitsProcessor(CustomOp):
         bias = embedding_bias if embedding_bias is not None else getattr(lm_head, "bias", None)
         return tp, bias
 
-    def _run(self, lm_head, hidden_states: torch.Tensor, embedding_bias: torch.Tensor | None, gemm: Gemm):
+    def _run(self, lm_head, hidden_states: torch.Tensor, embedding_bias: torch.Tensor | None, gemm: Gemm,
+             skip_gather: bool):
         if self.logits_as_input:  # already full logits: vLLM neither gathers nor slices them
             return postprocess_logits(hidden_states, None, self.soft_cap, self.scale)
         tp, bias = self._inputs(lm_head, embedding_bias)
         return compute_logits(hidden_states, lm_head.weight, bias, tp, self.use_all_gather, self.org_vocab_size,
-                              self.soft_cap, self.scale, gemm, getattr(lm_head, "shard", None))
+                              self.soft_cap, self.scale, gemm, getattr(lm_head, "shard", None), skip_gather)
 
-    def forward_native(self, lm_head, hidden_states: torch.Tensor, embedding_bias: torch.Tensor | None = None):
-        return self._run(lm_head, hidden_states, embedding_bias, linear)
+    def forward_native(self, lm_head, hidden_states: torch.Tensor, embedding_bias: torch.Tensor | None = None,
+                       skip_gather: bool = False):
+        return self._run(lm_head, hidden_states, embedding_bias, linear, skip_gather)
 
-    def forward_cpu(self, lm_head, hidden_states: torch.Tensor, embedding_bias: torch.Tensor | None = None):
+    def forward_cpu(self, lm_head, hidden_states: torch.Tensor, embedding_bias: torch.Tensor | None = None,
+                    skip_gather: bool = False):
         self._check(lm_head, hidden_states)
-        return self._run(lm_head, hidden_states, embedding_bias, cpu_linear)
+        return self._run(lm_head, hidden_states, embedding_bias, cpu_linear, skip_gather)
 
     def _check(self, lm_head, hidden_states: torch.Tensor) -> None:
         if self.logits_as_input:

@@ -367,6 +367,15 @@ def check_logits(tp: TPGroup) -> None:
                             assert_close(out, ref_out, what=f"{what} {path}")
                         else:
                             assert out is None, f"{what} {path}: non-zero ranks get None when gathering to rank 0"
+    # skip_gather: this rank's slice of the padded logits, no collective
+    vocab = 100
+    w = full(vocab, dim, seed=65, scale=0.3)
+    head = build(tp, ParallelLMHead, vocab, dim)
+    load(head, weight=w)
+    padded = torch.cat([w, w.new_zeros(head.num_embeddings_padded - vocab, dim)])
+    mine = F.linear(hidden, padded)[..., rank_slice(head.num_embeddings_padded, tp)][..., :vocab]
+    for path, out in run_paths(LogitsProcessor(vocab, soft_cap=2.0), head, hidden, None, True).items():
+        assert_close(out, torch.tanh(mine / 2.0) * 2.0, what=f"logits skip_gather {path}")
     # embedding_bias (a local shard, vLLM's argument) and tied embeddings
     vocab = 100
     w, b = full(vocab, dim, seed=70, scale=0.3), full(vocab, seed=71)

@@ -238,6 +238,8 @@ def test_logits_processor_options():
     proc = make(LogitsProcessor, 70, org_vocab_size=64)
     assert proc(head, hidden).shape == (4, 64)
     assert_close(proc(head, hidden, extra), (ref_linear(hidden, head.weight) + extra.double())[:, :64], torch.float32)
+    skipped = proc(head, hidden, extra, skip_gather=True)  # tp 1: the local slice is everything
+    assert_close(skipped, (ref_linear(hidden, head.weight) + extra.double())[:, :64], torch.float32)
     as_input = make(LogitsProcessor, 70, logits_as_input=True, soft_cap=2.0)
     logits = randn(4, 70) * 5
     assert_close(as_input(None, logits), 2.0 * torch.tanh(logits.double() / 2.0), torch.float32)
