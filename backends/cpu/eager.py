@@ -28,7 +28,7 @@ import torch.nn.functional as F
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-# ---- activations (bitwise the spec: customop/ops/activation_math.py) -------------------------------
+# ---- activations (bitwise the spec: customop/ops/activation_math.py) ---------------------
 
 
 # The gated ones take both halves from one ``chunk`` call: ~1 us less than two ``x[..., :d]``
