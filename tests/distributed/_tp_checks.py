@@ -430,6 +430,15 @@ def check_compile_fullgraph(tp: TPGroup) -> None:
     head = build(tp, ParallelLMHead, 100, 32)
     load(head, weight=full(100, 32, seed=94))
     proc = LogitsProcessor(100, soft_cap=5.0)
+    # an added (LoRA) vocab: the rank-local row mapping and the logits reorder trace too
+    lora_table = full(100, 32, seed=95)
+    lora_embed = build(tp, VocabParallelEmbedding, 100, 32, org_num_embeddings=90)
+    lora_head = build(tp, ParallelLMHead, 100, 32, org_num_embeddings=90)
+    for layer in (lora_embed, lora_head):
+        layer.weight_loader(layer.weight, lora_table[:90])
+        layer.added_vocab_loader(layer.weight, lora_table[90:])
+    lora_proc = LogitsProcessor(100, org_vocab_size=90)
+    ids = torch.tensor([0, 63, 64, 89, 90, 94, 95, 99], device=DEVICE)
     for path in ("forward_native", "forward_cpu"):
         def mlp(t, path=path):
             return getattr(down, path)(getattr(up, path)(t)[0])[0]
@@ -437,9 +446,16 @@ def check_compile_fullgraph(tp: TPGroup) -> None:
         def logits(t, path=path):
             return getattr(proc, path)(head, t)
 
-        for name, fn in (("mlp", mlp), ("logits", logits)):
-            got = torch.compile(fn, fullgraph=True, backend="eager")(x)
-            assert_close(got, fn(x), what=f"compiled {name} {path}")
+        def lora_logits(t, path=path):
+            return getattr(lora_proc, path)(lora_head, t)
+
+        def lora_embedding(t, path=path):
+            return getattr(lora_embed, path)(t)
+
+        for name, fn, arg in (("mlp", mlp, x), ("logits", logits, x), ("lora logits", lora_logits, x),
+                              ("lora embedding", lora_embedding, ids)):
+            got = torch.compile(fn, fullgraph=True, backend="eager")(arg)
+            assert_close(got, fn(arg), what=f"compiled {name} {path}")
 
 
 def main() -> int:
