@@ -123,3 +123,33 @@ def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: to
                              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     h = x.float() + residual.float()
     return _fused_rms(h, 1.0 + weight.float(), eps, x.dtype), (h if x.dtype == torch.float32 else h.to(x.dtype))
+
+
+# ---- fp8 quant (bitwise the spec: customop/ops/quantization/quant_math.py) --------------------
+# float32 inputs and fp16/bf16 ones (torch.mul promotes them to float32 exactly as the spec's
+# x.to(float32) does); the scale is at least 1-D here, so it takes part in the promotion.
+
+QUANT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def scaled_fp8_quant(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, fp8_max: float) -> torch.Tensor:
+    # spec: clamp(float32(x) * (1/float32(scale)), -MAX, MAX).to(fp8)
+    inverse = scale.to(torch.float32).reciprocal()
+    if inverse.dim() == 0:  # a 0-d float32 tensor would not promote a bf16 x
+        inverse = inverse.reshape(1)
+    return torch.mul(x, inverse).clamp_(-fp8_max, fp8_max).to(fp8_dtype)
+
+
+def dynamic_scaled_fp8_quant(x: torch.Tensor, fp8_dtype: torch.dtype, fp8_max: float,
+                             min_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = x.abs().max().to(torch.float32).reshape(1).div(fp8_max).clamp_(min=min_scale)
+    return scaled_fp8_quant(x, scale, fp8_dtype, fp8_max), scale
+
+
+def dynamic_per_token_scaled_fp8_quant(x: torch.Tensor, scale_ub: torch.Tensor | None, fp8_dtype: torch.dtype,
+                                       fp8_max: float, min_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32)
+    if scale_ub is not None:
+        amax = torch.minimum(amax, scale_ub.to(torch.float32).reshape(()))
+    scale = amax.div(fp8_max).clamp_(min=min_scale)
+    return scaled_fp8_quant(x, scale, fp8_dtype, fp8_max), scale

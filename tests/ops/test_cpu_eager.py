@@ -107,3 +107,37 @@ def test_activation_eager_takes_inference_tensors_outside_inference_mode(name, a
     with torch.inference_mode():
         x = randn(3, 64, dtype=torch.float32)
     assert torch.equal(getattr(eager, name)(x, *args), getattr(act, name)(x, *args))
+
+
+FP8, FP8_MAX, FP8_MIN_SCALE = torch.float8_e4m3fn, 448.0, 1.0 / (448.0 * 512.0)
+
+
+def _same_fp8(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    return got.dtype == expected.dtype and got.shape == expected.shape and torch.equal(
+        got.view(torch.uint8), expected.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", ((1, 7), (7, 4231), (3, 5, 128)), ids=str)
+def test_fp8_quant_eager_is_bitwise_the_spec(shape, dtype):
+    from customop.ops.quantization import quant_math as qm
+
+    x = randn(*shape, dtype=dtype, scale=40.0)
+    for scale in (torch.tensor(0.07), torch.tensor([0.07]), torch.rand(*shape[:-1], 1) + 0.01,
+                  torch.rand(shape[-1]) + 0.01):
+        assert _same_fp8(eager.scaled_fp8_quant(x, scale, FP8, FP8_MAX), qm.scaled_fp8_quant(x, scale, FP8, FP8_MAX))
+    got, expected = (m.dynamic_scaled_fp8_quant(x, FP8, FP8_MAX, FP8_MIN_SCALE) for m in (eager, qm))
+    assert _same_fp8(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    for scale_ub in (None, torch.tensor([30.0])):
+        got, expected = (m.dynamic_per_token_scaled_fp8_quant(x, scale_ub, FP8, FP8_MAX, FP8_MIN_SCALE)
+                         for m in (eager, qm))
+        assert _same_fp8(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_fp8_quant_eager_never_writes_its_input():
+    x = randn(4, 64, dtype=torch.float32, scale=40.0)
+    before = x.clone()
+    eager.scaled_fp8_quant(x, torch.tensor([0.1]), FP8, FP8_MAX)
+    eager.dynamic_scaled_fp8_quant(x, FP8, FP8_MAX, FP8_MIN_SCALE)
+    eager.dynamic_per_token_scaled_fp8_quant(x, None, FP8, FP8_MAX, FP8_MIN_SCALE)
+    assert torch.equal(x, before)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from customop.backend_loader import load_backend
-from customop.backends.cpu import compiled
+from customop.backends.cpu import compiled, eager
 from customop.custom_op import CustomOp
 from customop.ops.quantization import quant_math as qm
 from customop.ops.quantization.fp8 import current_fp8_dtype, fp8_max, fp8_min_scale
@@ -47,22 +47,25 @@ def _worth_compiling(x: torch.Tensor) -> bool:
 def quant_fp8(x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tensor | None, *,
               group_shape: GroupShape, num_token_padding: int | None, column_major_scales: bool,
               tma_aligned_scales: bool, use_ue8m0: bool, fp8_dtype: torch.dtype, fp8_max: float,
-              min_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+              min_scale: float, fewer_temporaries: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole op. A given ``scale`` is static (broadcast to the group shape), else the scale is
     computed per tensor, per token or per group. ``q``'s leading dim is zero-padded to
-    ``num_token_padding``. Returns ``(q, scale)``."""
+    ``num_token_padding``. Returns ``(q, scale)``. ``fewer_temporaries`` (the CPU path's small
+    inputs, never under autograd or compile) runs the per-tensor and per-token math from
+    ``backends/cpu/eager.py``: the same kernels with in-place steps, bitwise equal."""
+    math = eager if fewer_temporaries and x.dtype in eager.QUANT_DTYPES else qm
     if scale is not None:
         full = qm.static_group_scales(scale, group_shape.col, x.shape[-1]) if group_shape.is_per_group() else scale
-        q = qm.scaled_fp8_quant(x, full, fp8_dtype, fp8_max)
+        q = math.scaled_fp8_quant(x, full, fp8_dtype, fp8_max)
     elif group_shape.is_per_group():
         q, scale = qm.per_token_group_fp8_quant(x, group_shape.col, column_major_scales, use_ue8m0,
                                                 fp8_dtype, fp8_max, min_scale)
         if tma_aligned_scales:
             scale = qm.tma_align_scales(scale)
     elif group_shape.is_per_token():
-        q, scale = qm.dynamic_per_token_scaled_fp8_quant(x, scale_ub, fp8_dtype, fp8_max, min_scale)
+        q, scale = math.dynamic_per_token_scaled_fp8_quant(x, scale_ub, fp8_dtype, fp8_max, min_scale)
     else:
-        q, scale = qm.dynamic_scaled_fp8_quant(x, fp8_dtype, fp8_max, min_scale)
+        q, scale = math.dynamic_scaled_fp8_quant(x, fp8_dtype, fp8_max, min_scale)
     return qm.pad_tokens(q, num_token_padding), scale
 
 
@@ -140,8 +143,11 @@ class QuantFP8(CustomOp):
     def forward_cpu(self, x: torch.Tensor, scale: torch.Tensor | None = None,
                     scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         self._check_call(x, scale, scale_ub)
-        if not _worth_compiling(x):
+        if torch.compiler.is_compiling():
             return quant_fp8(x, scale, scale_ub, **self._math)
+        if x.numel() < CPU_COMPILE_MIN_NUMEL:
+            fewer = not (x.requires_grad and torch.is_grad_enabled())
+            return quant_fp8(x, scale, scale_ub, **self._math, fewer_temporaries=fewer)
         # A fresh view with dynamic token and hidden dims: one compiled graph per mode and dtype
         # serves every size (a recompile per size would soon hit Dynamo's recompile limit).
         x = x.view(x.shape)
