@@ -128,6 +128,11 @@ def test_fp8_quant_eager_is_bitwise_the_spec(shape, dtype):
         assert _same_fp8(eager.scaled_fp8_quant(x, scale, FP8, FP8_MAX), qm.scaled_fp8_quant(x, scale, FP8, FP8_MAX))
     got, expected = (m.dynamic_scaled_fp8_quant(x, FP8, FP8_MAX, FP8_MIN_SCALE) for m in (eager, qm))
     assert _same_fp8(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    for group, col_major, ue8m0 in ((128, False, False), (64, True, True), (100, False, True)):
+        got, expected = (m.per_token_group_fp8_quant(x, group, col_major, ue8m0, FP8, FP8_MAX, FP8_MIN_SCALE)
+                         for m in (eager, qm))
+        assert _same_fp8(got[0], expected[0]) and torch.equal(got[1], expected[1])
+        assert got[1].stride() == expected[1].stride()
     for scale_ub in (None, torch.tensor([30.0])):
         got, expected = (m.dynamic_per_token_scaled_fp8_quant(x, scale_ub, FP8, FP8_MAX, FP8_MIN_SCALE)
                          for m in (eager, qm))
@@ -140,4 +145,5 @@ def test_fp8_quant_eager_never_writes_its_input():
     eager.scaled_fp8_quant(x, torch.tensor([0.1]), FP8, FP8_MAX)
     eager.dynamic_scaled_fp8_quant(x, FP8, FP8_MAX, FP8_MIN_SCALE)
     eager.dynamic_per_token_scaled_fp8_quant(x, None, FP8, FP8_MAX, FP8_MIN_SCALE)
+    eager.per_token_group_fp8_quant(x, 64, False, False, FP8, FP8_MAX, FP8_MIN_SCALE)
     assert torch.equal(x, before)

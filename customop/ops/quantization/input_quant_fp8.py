@@ -51,15 +51,15 @@ def quant_fp8(x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tenso
     """The whole op. A given ``scale`` is static (broadcast to the group shape), else the scale is
     computed per tensor, per token or per group. ``q``'s leading dim is zero-padded to
     ``num_token_padding``. Returns ``(q, scale)``. ``fewer_temporaries`` (the CPU path's small
-    inputs, never under autograd or compile) runs the per-tensor and per-token math from
-    ``backends/cpu/eager.py``: the same kernels with in-place steps, bitwise equal."""
+    inputs, never under autograd or compile) runs the quant math from ``backends/cpu/eager.py``:
+    the same kernels with in-place steps, bitwise equal."""
     math = eager if fewer_temporaries and x.dtype in eager.QUANT_DTYPES else qm
     if scale is not None:
         full = qm.static_group_scales(scale, group_shape.col, x.shape[-1]) if group_shape.is_per_group() else scale
         q = math.scaled_fp8_quant(x, full, fp8_dtype, fp8_max)
     elif group_shape.is_per_group():
-        q, scale = qm.per_token_group_fp8_quant(x, group_shape.col, column_major_scales, use_ue8m0,
-                                                fp8_dtype, fp8_max, min_scale)
+        q, scale = math.per_token_group_fp8_quant(x, group_shape.col, column_major_scales, use_ue8m0,
+                                                  fp8_dtype, fp8_max, min_scale)
         if tma_aligned_scales:
             scale = qm.tma_align_scales(scale)
     elif group_shape.is_per_token():
