@@ -8,6 +8,8 @@ or temporaries:
   the same rounding per step, so the result is **bitwise** the spec's (tests/ops/test_cpu_eager.py
   checks that), with 1-2 allocations instead of 2-9; the gated ones take both halves from one
   ``chunk`` call;
+- fp8 quant (per tensor, per token, per group, static) the same way, bitwise; the float32
+  conversion of x happens inside ``torch.mul``/``torch.div`` (type promotion) instead of a copy;
 - norms whose weight multiply happens in fp32 (fp32 weight or none; Gemma always) call ATen's
   fused RMSNorm on the fp32 values, which is the spec's formula in one kernel (equal to 1 ulp;
   bitwise on torch 2.13). A bf16/fp16 weight makes the spec round before the multiply (HF Llama),

@@ -5,8 +5,9 @@ Paths:
 
 - ``forward_native``: ``quant_fp8`` below, the spec (``compile_native=True`` by default, as in
   vLLM: a disabled QuantFP8 runs compiled native).
-- ``forward_cpu``: compiled native above ``CPU_COMPILE_MIN_NUMEL`` elements, eager below
-  (benchmarks/results/cpu_quant.md).
+- ``forward_cpu``: compiled native above ``CPU_COMPILE_MIN_NUMEL`` elements, eager below, with
+  the in-place steps of ``backends/cpu/eager.py`` (benchmarks/results/cpu_quant.md,
+  cpu_decode_paths.md).
 - ``forward_cuda`` / ``forward_xpu``: the ``torch.ops.customop`` kernel entry points
   (``customop/ops/_library/quant.py``) on a ``[T, H]`` contiguous view. Shapes without an entry
   point run ``forward_native``: static scales with more than one element (per token, per channel,
