@@ -15,9 +15,9 @@ or temporaries:
   bitwise on torch 2.13). A bf16/fp16 weight makes the spec round before the multiply (HF Llama),
   which the fused kernel does not do, so those keep the spec.
 
-In-place steps overwrite values that autograd may have saved, so callers use the activations here
-only while autograd is not recording for ``x``, and none of these under ``torch.compile``, where
-Inductor fuses the spec itself.
+In-place steps overwrite values that autograd may have saved, so callers use the activations and
+the quant here only while autograd is not recording for ``x``, and none of these under
+``torch.compile``, where Inductor fuses the spec itself.
 """
 
 from __future__ import annotations
