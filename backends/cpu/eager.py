@@ -160,19 +160,13 @@ def dynamic_per_token_scaled_fp8_quant(x: torch.Tensor, scale_ub: torch.Tensor |
 def per_token_group_fp8_quant(x: torch.Tensor, group_size: int, column_major_scales: bool, use_ue8m0: bool,
                               fp8_dtype: torch.dtype, fp8_max: float,
                               min_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    hidden = x.shape[-1]
-    num_groups = -(-hidden // group_size)
-    padding = num_groups * group_size - hidden
-    groups = (F.pad(x, (0, padding)) if padding else x).unflatten(-1, (num_groups, group_size))
-    scale = groups.abs().amax(dim=-1, keepdim=True).to(torch.float32).div_(fp8_max).clamp_(min=min_scale)
-    if use_ue8m0:  # the spec's own rounding (imported here: ops import this module, not the reverse)
-        from customop.ops.quantization.quant_math import ue8m0_round_up
+    # the spec's own grouping, rounding and layout helpers (imported here: ops import this
+    # module, not the reverse); only the arithmetic in between runs in place
+    from customop.ops.quantization import quant_math as qm
 
-        scale = ue8m0_round_up(scale)
-    q = torch.div(groups, scale).clamp_(-fp8_max, fp8_max).to(fp8_dtype).flatten(-2)
-    if padding:
-        q = q[..., :hidden].contiguous()
-    scales = scale.squeeze(-1)
-    if column_major_scales:
-        scales = scales.transpose(-2, -1).contiguous().transpose(-2, -1)
-    return q, scales
+    groups = qm.token_groups(x, group_size)
+    scale = groups.abs().amax(dim=-1, keepdim=True).to(torch.float32).div_(fp8_max).clamp_(min=min_scale)
+    if use_ue8m0:
+        scale = qm.ue8m0_round_up(scale)
+    q = torch.div(groups, scale).clamp_(-fp8_max, fp8_max).to(fp8_dtype)
+    return qm.group_outputs(q, scale, x.shape[-1], column_major_scales)

@@ -72,16 +72,29 @@ def per_token_group_fp8_quant(x: torch.Tensor, group_size: int, column_major_sca
     ``x.shape[:-1] + (ceil(H/G),)``; ``column_major_scales`` stores the last two dims transposed
     (the same values, strides of a ``[..., H/G, T]`` tensor). Returns ``(q, scales)``.
     """
-    hidden = x.shape[-1]
-    num_groups = -(-hidden // group_size)
-    padding = num_groups * group_size - hidden
-    groups = F.pad(x, (0, padding)).unflatten(-1, (num_groups, group_size))
+    groups = token_groups(x, group_size)
     amax = groups.abs().amax(dim=-1, keepdim=True).to(torch.float32)
     scale = (amax / fp8_max).clamp(min=min_scale)
     if use_ue8m0:
         scale = ue8m0_round_up(scale)
-    q = (groups.to(torch.float32) / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype).flatten(-2)
-    if padding:
+    q = (groups.to(torch.float32) / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)
+    return group_outputs(q, scale, x.shape[-1], column_major_scales)
+
+
+def token_groups(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``x`` as ``[..., ceil(H/G), G]``, the last dim zero-padded to a multiple of ``G``."""
+    hidden = x.shape[-1]
+    num_groups = -(-hidden // group_size)
+    padding = num_groups * group_size - hidden
+    return (F.pad(x, (0, padding)) if padding else x).unflatten(-1, (num_groups, group_size))
+
+
+def group_outputs(q_groups: torch.Tensor, scale: torch.Tensor, hidden: int,
+                  column_major_scales: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` back to ``[..., H]`` (padding dropped) and the scales ``[..., ceil(H/G)]``, stored
+    column-major when asked."""
+    q = q_groups.flatten(-2)
+    if q.shape[-1] != hidden:
         q = q[..., :hidden].contiguous()
     scales = scale.squeeze(-1)
     if column_major_scales:
