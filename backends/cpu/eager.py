@@ -91,9 +91,19 @@ def relu2(x: torch.Tensor) -> torch.Tensor:
 # ---- norms (the spec's formula where its weight multiply is in fp32) --------------------------
 
 
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)  # a no-op .to() still costs ~0.9 us
+
+
 def _fused_rms(xf: torch.Tensor, weight: torch.Tensor | None, eps: float, dtype: torch.dtype) -> torch.Tensor:
-    y = F.rms_norm(xf, (xf.size(-1),), weight, eps)
-    return y if dtype == torch.float32 else y.to(dtype)  # a no-op .to() still costs ~0.9 us
+    return _cast(F.rms_norm(xf, (xf.size(-1),), weight, eps), dtype)
+
+
+def _add_then_rms(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # the fused variants normalise the fp32 sum and return it in x's dtype as the new residual
+    h = x.float() + residual.float()
+    return _fused_rms(h, weight, eps, x.dtype), _cast(h, x.dtype)
 
 
 def _fp32_weight(weight: torch.Tensor | None) -> bool:
@@ -113,8 +123,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
                        variance_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     if variance_size is not None or not _fp32_weight(weight):
         return None
-    h = x.float() + residual.float()
-    return _fused_rms(h, weight, eps, x.dtype), (h if x.dtype == torch.float32 else h.to(x.dtype))
+    return _add_then_rms(x, residual, weight, eps)
 
 
 def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -123,8 +132,7 @@ def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 
 def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    h = x.float() + residual.float()
-    return _fused_rms(h, 1.0 + weight.float(), eps, x.dtype), (h if x.dtype == torch.float32 else h.to(x.dtype))
+    return _add_then_rms(x, residual, 1.0 + weight.float(), eps)
 
 
 # ---- fp8 quant (bitwise the spec: customop/ops/quantization/quant_math.py) --------------------

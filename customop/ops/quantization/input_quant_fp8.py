@@ -144,10 +144,9 @@ class QuantFP8(CustomOp):
     def forward_cpu(self, x: torch.Tensor, scale: torch.Tensor | None = None,
                     scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         self._check_call(x, scale, scale_ub)
-        if torch.compiler.is_compiling():
-            return quant_fp8(x, scale, scale_ub, **self._math)
-        if x.numel() < CPU_COMPILE_MIN_NUMEL:
-            fewer = not (x.requires_grad and torch.is_grad_enabled())
+        if not _worth_compiling(x):
+            # in-place steps only outside a trace and while autograd is not recording
+            fewer = not (torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()))
             return quant_fp8(x, scale, scale_ub, **self._math, fewer_temporaries=fewer)
         # A fresh view with dynamic token and hidden dims: one compiled graph per mode and dtype
         # serves every size (a recompile per size would soon hit Dynamo's recompile limit).
