@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from customop.ops.vocab_parallel_embedding import ParallelLMHead, pad_vocab_size
+from customop.distributed import TPGroup
+from customop.ops.vocab_parallel_embedding import DEFAULT_VOCAB_PADDING_SIZE, ParallelLMHead, VocabShard
 from customop.testing import Sample, randn, register_samples
 
 #: (leading dims, in_features, out_features, bias)
@@ -73,13 +74,14 @@ def _row(dtype, device, gen) -> list[Sample]:
 
 
 def _vocab_table(vocab: int, dim: int, dtype, device, gen, org: int | None = None) -> torch.Tensor:
-    """The tp-1 parameter: the real rows of the original vocab (``org`` of them, default all),
-    zero padding up to a multiple of 64, then the added rows and their padding."""
+    """The tp-1 parameter in the layer's own layout (``VocabShard``): the real rows of the
+    original vocab (``org`` of them, default all) and their padding, then the added rows and theirs."""
     org = vocab if org is None else org
-    org_padded = pad_vocab_size(org)
-    table = torch.zeros(pad_vocab_size(org_padded + vocab - org), dim, dtype=dtype, device=device)
+    shard = VocabShard.of(org, vocab, DEFAULT_VOCAB_PADDING_SIZE, TPGroup(), "sample")
+    table = torch.zeros(shard.rows, dim, dtype=dtype, device=device)
     table[:org] = randn(org, dim, dtype=dtype, device=device, generator=gen)
-    table[org_padded:org_padded + vocab - org] = randn(vocab - org, dim, dtype=dtype, device=device, generator=gen)
+    table[shard.org_rows:shard.org_rows + vocab - org] = randn(vocab - org, dim, dtype=dtype, device=device,
+                                                               generator=gen)
     return table
 
 
