@@ -14,6 +14,7 @@ import torch
 from customop.config import Config, use_config
 from customop.ops.layernorm import GemmaRMSNorm, RMSNorm, RMSNormGated
 from customop.testing import assert_close, assert_conforms, forced_platform, randn
+from tests.backends.triton import references as refs
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHAPES = [(1, 8), (7, 4231), (3, 5, 4096)]
@@ -47,21 +48,11 @@ def ref_rms_norm(x, weight, eps, residual=None, var_size=None):
 
 def ref_gemma(x, weight, eps, residual=None):
     h = x.double() if residual is None else x.double() + residual.double()
-    y = h / torch.sqrt((h * h).mean(-1, keepdim=True) + eps) * (1.0 + weight.double())
-    return y, None if residual is None else h.to(x.dtype)
+    return refs.ref_gemma(h, weight, eps), None if residual is None else h.to(x.dtype)
 
 
-def ref_gated(x, weight, z, eps, group_size, norm_before_gate, sigmoid):
-    x64 = x.double()
-    gate = None
-    if z is not None:
-        z64 = z.double()
-        gate = 1 / (1 + torch.exp(-z64)) if sigmoid else z64 / (1 + torch.exp(-z64))
-    if gate is not None and not norm_before_gate:
-        x64 = x64 * gate
-    g = x64.reshape(*x.shape[:-1], -1, group_size)
-    y = (g / torch.sqrt((g * g).mean(-1, keepdim=True) + eps)).reshape(x.shape) * weight.double()
-    return y * gate if gate is not None and norm_before_gate else y
+#: the gated norm's float64 reference is the one the kernel tests use
+ref_gated = refs.ref_gated
 
 
 # ---- helpers -------------------------------------------------------------------------------------
