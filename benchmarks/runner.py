@@ -283,13 +283,15 @@ def _sweep_plan(spec: OpSpec) -> list[tuple[str, dict]] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # `customop bench` hands its arguments here unchanged (customop/cli.py)
+    parser = argparse.ArgumentParser(prog="customop bench", description=__doc__.splitlines()[0])
     parser.add_argument("--ops", default="", help="comma-separated names / fnmatch patterns (spec name or family)")
     parser.add_argument("--quick", action="store_true", help="tokens {1, 4096} at the largest hidden only")
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    parser.add_argument("--impls", default=",".join(IMPL_ORDER))
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="default bf16")
+    parser.add_argument("--impls", default=",".join(IMPL_ORDER), help="a subset of " + ",".join(IMPL_ORDER))
     parser.add_argument("--out", default="", help="folder for results.json, results.md, bandwidth.png")
-    parser.add_argument("--liger-wheel", default=None)
+    parser.add_argument("--liger-wheel", default=None,
+                        help="a Liger wheel to unpack when liger_kernel is not installed (default: .whl/liger_kernel-*.whl)")
     parser.add_argument("--sweep", action="store_true", help="also time each tuning alternative of the Triton kernels")
     parser.add_argument("--budget-s", type=float, default=330.0,
                         help="start no new shape after this many seconds (results so far are kept)")
@@ -298,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                              "host launch cost excluded) or triton's do_bench (counts host launch gaps)")
     parser.add_argument("--timer-check", action="store_true",
                         help="also time customop and compile (tokens > 256) with triton's do_bench, to compare")
-    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--list", action="store_true", help="print the chosen specs and their shapes (no GPU needed)")
     parser.add_argument("--dry-run", action="store_true",
                         help="run the pipeline on CPU (Triton interpreter, tokens <= 4): checks the specs, not speed")
     args = parser.parse_args(argv)
@@ -321,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         print("runner: TRITON_INTERPRET is set; refusing to time the interpreter", file=sys.stderr)
         return 2
     if not _DRY_RUN and not torch.cuda.is_available():
-        print("runner: no CUDA device", file=sys.stderr)
+        print("runner: no CUDA device (--dry-run checks the specs on CPU; --list shows them)", file=sys.stderr)
         return 2
     if not chosen:
         print(f"runner: no spec matches {args.ops!r}; known: {[s.name for s in all_specs]}", file=sys.stderr)

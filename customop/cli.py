@@ -1,8 +1,9 @@
-"""The ``customop`` console script."""
+"""The ``customop`` console script (also ``python -m customop``)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -12,6 +13,9 @@ from customop.backend_loader import BACKENDS
 from customop.config import get_config
 from customop.platforms import current_platform
 from customop.report import dispatch_report, format_table
+
+#: Weight holders (``has_forward = False``): no forward to run; the ops whose samples use them check them.
+_CHECKED_THROUGH = {"parallel_lm_head": "logits_processor"}
 
 
 def cmd_info(_args: argparse.Namespace) -> int:
@@ -42,7 +46,10 @@ def cmd_info(_args: argparse.Namespace) -> int:
 
 
 def _progress(done: int, total: int, label: str) -> None:
-    """A one-line progress bar on stderr (no dependency)."""
+    """A one-line progress bar on stderr (no dependency); only on a terminal, since redrawing it
+    with \\r in a log file makes one long line."""
+    if not sys.stderr.isatty():
+        return
     width = 30
     filled = width * done // max(total, 1)
     sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<28}")
@@ -51,34 +58,65 @@ def _progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    """Runs every registered op's resolved path here against its forward_native."""
+def _op_names(requested: list[str] | None) -> list[str]:
+    """--ops: op or class names, space- or comma-separated; every registered op by default."""
+    from customop.custom_op import CustomOp
+
+    if requested is None:
+        return customop.list_ops()
+    names = []
+    for key in (k.strip() for item in requested for k in item.split(",")):
+        if not key:
+            continue
+        try:
+            names.append(CustomOp.resolve_op_name(key))
+        except KeyError as err:
+            raise KeyError(f"{err.args[0]}; known ops: {', '.join(customop.list_ops())}") from None
+    return list(dict.fromkeys(names))
+
+
+def _check_op(name: str, device: str) -> list[tuple[list[str], str]]:
+    """The table rows for one op, each with its outcome: pass, fail or skip."""
     from customop.custom_op import CustomOp
     from customop.testing import op_samples, run_conformance
 
-    names = [n for n in customop.list_ops() if not args.ops or n in args.ops]
+    op_cls = CustomOp.op_registry[name]
+    if getattr(op_cls, "has_forward", True) is False:
+        via = _CHECKED_THROUGH.get(name, "the ops that use it")
+        return [([name, "-", "-", "-", f"skip (a weight holder with no forward; checked through {via})"], "skip")]
+    if op_samples(name) is None:
+        return [([name, "-", "-", "-", "FAIL (no samples registered)"], "fail")]
+    rows = []
+    try:
+        for label, dtype, method, err, failure in run_conformance(op_cls, device=device):
+            rows.append(([name + (f" [{label}]" if label else ""), method, str(dtype).replace("torch.", ""),
+                          f"{err:.3g}", "pass" if failure is None else f"FAIL {failure}"[:160]],
+                         "pass" if failure is None else "fail"))
+    except Exception as err:  # building the op or its samples failed: one op's row, not the whole run
+        rows.append(([name, "-", "-", "-", f"FAIL {type(err).__name__}: {err}"[:160]], "fail"))
+    return rows or [([name, "-", "-", "-", "FAIL (its samples built no case)"], "fail")]
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Runs every registered op's resolved path here against its forward_native."""
+    names = _op_names(args.ops)
     platform = current_platform()
-    rows, failed = [], 0
+    rows, counts = [], {"pass": 0, "fail": 0, "skip": 0}
     for i, name in enumerate(names):
         _progress(i, len(names), name)
-        if getattr(CustomOp.op_registry[name], "has_forward", True) is False:
-            rows.append([name, "-", "-", "-", "skip (no forward: a weight holder)"])
-            continue
-        if op_samples(name) is None:
-            rows.append([name, "-", "-", "-", "FAIL (no samples registered)"])
-            failed += 1
-            continue
-        op_cls = CustomOp.op_registry[name]
-        for label, dtype, method, err, failure in run_conformance(op_cls, device=args.device):
-            ok = failure is None
-            failed += not ok
-            rows.append([name + (f" [{label}]" if label else ""), method, str(dtype).replace("torch.", ""),
-                         f"{err:.3g}", "pass" if ok else f"FAIL {failure}"[:160]])
+        for row, outcome in _check_op(name, args.device):
+            rows.append(row)
+            counts[outcome] += 1
     _progress(len(names), len(names), "done")
     print(f"platform: {platform.name}, device: {args.device}")
-    print(format_table(["op", "path", "dtype", "max err", "result"], rows))
-    print(f"\n{len(rows) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    if rows:
+        print(format_table(["op", "path", "dtype", "max err", "result"], rows))
+    print(f"\n{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped")
+    if counts["pass"] + counts["fail"] == 0:
+        why = " (every op chosen is skipped here)" if counts["skip"] else ""
+        print(f"customop check: nothing was checked{why}", file=sys.stderr)
+        return 1
+    return 1 if counts["fail"] else 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -92,21 +130,38 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="platform, backends, config and the dispatch table").set_defaults(fn=cmd_info)
     check = sub.add_parser("check", help="run every op's path here against its forward_native")
-    check.add_argument("--ops", nargs="*", help="only these op names")
+    check.add_argument("--ops", nargs="+", help="only these ops: op or class names, space- or comma-separated")
     check.add_argument("--device", default=None, help="tensor device (default: the platform's)")
     check.set_defaults(fn=cmd_check)
-    bench = sub.add_parser("bench", help="GPU benchmarks vs eager, torch.compile and peers (see benchmarks/README.md)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark runner")
-    bench.set_defaults(fn=cmd_bench)
+    # bench's options, --help included, belong to the benchmark runner: main() hands them on.
+    sub.add_parser("bench", add_help=False, help="GPU benchmarks vs eager, torch.compile and peers "
+                   "(customop bench --help; benchmarks/README.md)").set_defaults(fn=cmd_bench)
     return parser
 
 
+def _error_line(err: BaseException) -> str:
+    """The library's message (it names the fix) on one line, with the CUSTOMOP_* variables it
+    does not name: most of these errors come from the environment."""
+    text = " ".join(str(err.args[0] if isinstance(err, KeyError) and err.args else err).split())
+    env = [f"{k}={v!r}" for k, v in sorted(os.environ.items()) if k.startswith("CUSTOMOP_") and k not in text]
+    return f"customop: error: {text}" + (f" (environment: {', '.join(env)})" if env else "")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if getattr(args, "device", "unset") is None:
-        platform = current_platform()
-        args.device = platform.device_type if platform.device_type in ("cuda", "xpu", "xla") else "cpu"
-    return args.fn(args)
+    parser = build_parser()
+    # parse_known_args: a REMAINDER positional would not take arguments that start with "--"
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
+    try:
+        if getattr(args, "device", "unset") is None:
+            platform = current_platform()
+            args.device = platform.device_type if platform.device_type in ("cuda", "xpu", "xla") else "cpu"
+        return args.fn(args)
+    except (ValueError, RuntimeError, KeyError, ImportError) as err:  # config, platform and backend errors
+        print(_error_line(err), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

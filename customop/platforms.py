@@ -150,9 +150,10 @@ class RocmPlatform(CudaPlatform):
         return None
 
     def fp8_dtype(self) -> torch.dtype:
-        # MI300-class (gfx94x) hardware implements the fnuz variant of e4m3.
+        from customop.math.fp8 import fp8_dtype_for_arch
+
         arch = getattr(torch.cuda.get_device_properties(0), "gcnArchName", "")
-        return torch.float8_e4m3fnuz if "gfx94" in arch else torch.float8_e4m3fn
+        return fp8_dtype_for_arch(arch)
 
 
 class XpuPlatform(Platform):

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-# ---- activations (bitwise the spec: customop/ops/activation_math.py) ---------------------
+# ---- activations (bitwise the spec: customop/math/activation.py) ---------------------
 
 
 # The gated ones take both halves from one ``chunk`` call: ~1 us less than two ``x[..., :d]``
@@ -135,7 +135,7 @@ def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: to
     return _add_then_rms(x, residual, 1.0 + weight.float(), eps)
 
 
-# ---- fp8 quant (bitwise the spec: customop/ops/quantization/quant_math.py) --------------------
+# ---- fp8 quant (bitwise the spec: customop/math/quant.py) --------------------
 # float32 inputs and fp16/bf16 ones (torch.mul promotes them to float32 exactly as the spec's
 # x.to(float32) does); the scale is at least 1-D here, so it takes part in the promotion.
 
@@ -170,7 +170,7 @@ def per_token_group_fp8_quant(x: torch.Tensor, group_size: int, column_major_sca
                               min_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     # the spec's own grouping, rounding and layout helpers (imported here: ops import this
     # module, not the reverse); only the arithmetic in between runs in place
-    from customop.ops.quantization import quant_math as qm
+    from customop.math import quant as qm
 
     groups = qm.token_groups(x, group_size)
     scale = groups.abs().amax(dim=-1, keepdim=True).to(torch.float32).div_(fp8_max).clamp_(min=min_scale)

@@ -1,6 +1,8 @@
-"""AMD GPUs: the shared Triton launchers as the kernels of ``customop::`` ops on HIP devices
-(which torch calls "cuda"). ROCm specifics (the fnuz fp8 dtype with max 224, wave-64 tuning) live
-in modules beside this one. Written for ROCm; not run on AMD hardware here (no AMD GPU reachable).
+"""AMD GPUs: the shared Triton kernels registered for HIP devices (which torch calls "cuda").
+
+Thin on purpose: what differs on AMD hardware is data read from one place (the fnuz fp8 variant in
+``customop/math/fp8.py``, wave-64 warp counts in ``backends/triton/_tuning.py``); docs/rocm.md has
+the details. Written for ROCm; never run on AMD hardware here (none is reachable).
 """
 
 from customop.backends import triton as _triton

@@ -2,7 +2,7 @@
 
 Pure JAX (no torch). Each row (or group) stays in VMEM from its amax to its quantized store, so
 ``x`` is read once; XLA's own lowering reads it twice (a reduction fusion, then the quantize
-fusion; docs/tpu.md). Rounding order follows the spec (``customop/ops/quantization/quant_math.py``,
+fusion; docs/tpu.md). Rounding order follows the spec (``customop/math/quant.py``,
 research/op-semantics.md D.4):
 
 - amax in the input dtype (exact), then fp32; ``scale = max(amax / MAX, MIN_SCALE)``;

@@ -1,6 +1,6 @@
 """fp8 quantization kernels: static and dynamic per-tensor, dynamic per-token, per-token-group.
 
-The math is the reference's (customop/ops/quantization/quant_math.py, op-semantics D.4), and on
+The math is the reference's (customop/math/quant.py, op-semantics D.4), and on
 real hardware the bits are the same:
 
 - every division is IEEE (``div_rn``): Triton's ``/`` on fp32 is an approximate ``div.full``;

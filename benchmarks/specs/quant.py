@@ -22,7 +22,7 @@ import torch
 
 from customop.benchmarks.specs import HIDDEN, OpSpec, Shape, token_shapes
 from customop.benchmarks.specs.activation import impls
-from customop.ops.quantization import quant_math as qm
+from customop.math import quant as qm
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from customop.benchmarks.specs import OpSpec, Shape, compiled, liger_module, token_shapes
-from customop.ops.rotary_embedding import common as native
+from customop.math import rotary as native
 
 Q_HEADS, K_HEADS, HEAD_SIZE, MAX_POS = 32, 8, 128, 8192
 SHAPES = token_shapes(hidden=(Q_HEADS * HEAD_SIZE,), label_fn=lambda t, h: f"{t}x({Q_HEADS}+{K_HEADS})x{HEAD_SIZE}")

@@ -7,7 +7,7 @@ Gated ops split the last dimension: ``d = x.shape[-1] // 2``, gate ``a = x[..., 
 forward_cpu's compiled kernels keep bf16/fp16 intermediates in fp32 (Inductor's rule), so they
 round once instead of at every step: closer to float64, not bit-equal to eager.
 
-The math itself (the spec) is in ``activation_math.py`` and re-exported here.
+The math itself (the spec) is in ``customop/math/activation.py`` and re-exported here.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 from customop.backend_loader import load_backend
 from customop.backends.cpu import eager
 from customop.custom_op import CustomOp
-from customop.ops.activation_math import (  # noqa: F401  (the spec, re-exported here)
+from customop.math.activation import (  # noqa: F401  (the spec, re-exported here)
     fatrelu_and_mul, gelu_and_mul, gelu_and_mul_sparse, gelu_fast, gelu_new, mul_and_silu, quick_gelu, relu2,
     silu_and_mul, swigluoai_and_mul, swigluoai_on_halves, xielu,
 )

@@ -7,7 +7,7 @@ The references compute in float64 the exact fp32 value the spec rounds: ``fp32(a
 true division; float64 then fp32 is innocuous double rounding for one operation), ``fp32(1 /
 scale)``, ``fp32(x * inv)`` or ``fp32(x / s)``, then torch's own fp32 -> fp8 cast. Note: torch's
 CUDA ``tensor / python_float`` multiplies by the reciprocal instead (BinaryDivTrueKernel.cu), so
-the library's reference (quant_math) run on CUDA tensors gives scales one ulp off in about half
+the library's reference (customop.math.quant) run on CUDA tensors gives scales one ulp off in about half
 the rows; on CPU tensors it divides, and test_matches_library_reference_on_cpu checks the kernel
 against it bit for bit.
 """
@@ -157,9 +157,9 @@ def test_rms_norm_quant(kernels, weight):
 
 
 def test_matches_library_reference_on_cpu(kernels):
-    """The spec (customop.ops.quantization.quant_math) on CPU tensors, where ``amax / fp8_max``
+    """The spec (customop.math.quant) on CPU tensors, where ``amax / fp8_max``
     is a true division: equal bits."""
-    from customop.ops.quantization import quant_math as qm
+    from customop.math import quant as qm
 
     quant = kernels[0]
     x = _x((512, 8192))
@@ -174,7 +174,7 @@ def test_matches_library_reference_on_cpu(kernels):
          qm.per_token_group_fp8_quant(xc, 128, False, False, FP8, MAX, MIN_SCALE)),
     ):
         assert torch.equal(got[1].cpu(), want[1])
-        assert_bits(got[0].cpu(), want[0], "q vs quant_math on CPU")
+        assert_bits(got[0].cpu(), want[0], "q vs customop.math.quant on CPU")
 
 
 # ---- guard-padded outputs and CUDA graphs --------------------------------------------------

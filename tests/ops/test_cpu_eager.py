@@ -120,7 +120,7 @@ def _same_fp8(got: torch.Tensor, expected: torch.Tensor) -> bool:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", ((1, 7), (7, 4231), (3, 5, 128)), ids=str)
 def test_fp8_quant_eager_is_bitwise_the_spec(shape, dtype):
-    from customop.ops.quantization import quant_math as qm
+    from customop.math import quant as qm
 
     x = randn(*shape, dtype=dtype, scale=40.0)
     for scale in (torch.tensor(0.07), torch.tensor([0.07]), torch.rand(*shape[:-1], 1) + 0.01,

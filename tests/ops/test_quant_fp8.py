@@ -19,7 +19,7 @@ import torch
 from customop import Config, use_config
 from customop.ops.quantization import GroupShape, QuantFP8, fp8_max, fp8_min_scale, input_quant_fp8, \
     rms_norm_quant_fp8
-from customop.ops.quantization import quant_math as qm
+from customop.math import quant as qm
 from customop.platforms import CpuPlatform, CudaPlatform
 from customop.samples.quant import dequantize
 from customop.testing import assert_close, assert_conforms, forced_platform, randn

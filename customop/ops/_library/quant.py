@@ -1,7 +1,7 @@
 """fp8 quantization kernel entry points: ``torch.ops.customop.*`` schemas, references and fakes.
 
 Backends fill these with ``torch.library.register_kernel(name, device_type, fn)``; the bodies
-below are the reference (``customop.ops.quantization.quant_math``) and run on any device. Every
+below are the reference (``customop.math.quant``) and run on any device. Every
 output is freshly allocated and contiguous, except column-major group scales (a ``[H/G, T]``
 contiguous tensor, transposed). Scales are float32. ``fp8_max`` and ``min_scale`` are passed in
 (not derived from ``out_dtype``) so that e4m3fnuz's 224 reaches the kernel unchanged.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from customop.ops.quantization import quant_math as qm
+from customop.math import quant as qm
 
 
 def _scale_shape(x: Tensor, last: int) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from customop.ops.rotary_embedding import common as _math
+from customop.math import rotary as _math
 
 Tensor = torch.Tensor
 

@@ -1,5 +1,5 @@
 """QuantFP8 (``quant_fp8``): activation quantization to fp8, static or dynamic, per tensor, per
-token or per group (research/op-semantics.md D.4; the math is in ``quant_math``).
+token or per group (research/op-semantics.md D.4; the math is in ``customop/math/quant.py``).
 
 Paths:
 
@@ -24,8 +24,8 @@ import torch
 from customop.backend_loader import load_backend
 from customop.backends.cpu import compiled, eager
 from customop.custom_op import CustomOp
-from customop.ops.quantization import quant_math as qm
-from customop.ops.quantization.fp8 import current_fp8_dtype, fp8_max, fp8_min_scale
+from customop.math import quant as qm
+from customop.math.fp8 import fp8_max, fp8_min_scale
 from customop.ops.quantization.group_shape import GroupShape
 
 #: Below this many elements forward_cpu stays eager (benchmarks/results/cpu_quant.md). On a quiet
@@ -37,6 +37,13 @@ CPU_COMPILE_MIN_NUMEL = 1 << 16
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: The backend whose import registers the device kernels a resolved method launches.
+
+
+def current_fp8_dtype() -> torch.dtype:
+    """The fp8 dtype of the current platform (``Platform.fp8_dtype()``: e4m3fnuz on MI300)."""
+    from customop.platforms import current_platform
+
+    return current_platform().fp8_dtype()
 
 
 def _worth_compiling(x: torch.Tensor) -> bool:

@@ -18,8 +18,8 @@ import torch
 
 from customop.backend_loader import load_backend
 from customop.backends.cpu import EMULATE_CASTS, compiled
-from customop.ops.quantization import quant_math as qm
-from customop.ops.quantization.fp8 import fp8_max, fp8_min_scale
+from customop.math import quant as qm
+from customop.math.fp8 import fp8_max, fp8_min_scale
 from customop.ops.quantization.input_quant_fp8 import _worth_compiling
 from customop.platforms import current_platform
 

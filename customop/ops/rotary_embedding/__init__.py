@@ -5,7 +5,7 @@ One module per role: ``common`` (the pure math and input checks), ``base`` (the 
 one module per scaling variant, ``apply_rotary``, ``dual_chunk``, ``factory`` (``get_rope``).
 """
 
-from customop.ops.rotary_embedding.common import apply_rotary_emb, rotary_embedding, rotate
+from customop.math.rotary import apply_rotary_emb, rotary_embedding, rotate
 from customop.ops.rotary_embedding.base import RotaryEmbedding
 from customop.ops.rotary_embedding.apply_rotary import ApplyRotaryEmb
 from customop.ops.rotary_embedding.linear_scaling import LinearScalingRotaryEmbedding

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from customop.custom_op import CustomOp
-from customop.ops.rotary_embedding import common
+from customop.math import rotary as common
 from customop.backend_loader import load_backend
 
 Tensor = torch.Tensor

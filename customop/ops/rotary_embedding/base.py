@@ -16,7 +16,7 @@ import torch
 
 from customop.backend_loader import load_backend
 from customop.custom_op import CustomOp
-from customop.ops.rotary_embedding import common
+from customop.math import rotary as common
 
 Tensor = torch.Tensor
 

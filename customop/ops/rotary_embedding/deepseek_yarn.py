@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from customop.ops.rotary_embedding import common
+from customop.math import rotary as common
 from customop.ops.rotary_embedding.base import RotaryEmbedding
 from customop.ops.rotary_embedding.yarn import yarn_get_mscale, yarn_inv_freq
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from customop.ops.rotary_embedding import common
+from customop.math import rotary as common
 from customop.ops.rotary_embedding.base import RotaryEmbedding
 
 

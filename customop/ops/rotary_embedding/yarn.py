@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from customop.ops.rotary_embedding import common
+from customop.math import rotary as common
 from customop.ops.rotary_embedding.base import RotaryEmbedding
 
 

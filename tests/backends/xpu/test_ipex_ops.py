@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from customop.backends.xpu import ipex_ops
-from customop.ops.rotary_embedding import common as rotary
+from customop.math import rotary
 from customop.testing import assert_close
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

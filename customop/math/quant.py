@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from customop.math.layernorm import rms_norm
+
 
 def scaled_fp8_quant(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, fp8_max: float) -> torch.Tensor:
     """Static quant with a given scale that broadcasts against ``x`` (numel 1: per tensor;
@@ -124,15 +126,6 @@ def pad_tokens(q: torch.Tensor, num_tokens: int | None) -> torch.Tensor:
     # Pads the bits (zero bits are +0.0 in every fp8 format): Inductor cannot pad fp8 directly.
     bits = F.pad(q.view(torch.uint8), (0, 0) * (q.dim() - 1) + (0, num_tokens - q.shape[0]))
     return bits.view(q.dtype)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm as in D.2: normalise in float32, cast to the weight dtype, multiply, cast back."""
-    xf = x.to(torch.float32)
-    y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y.to(weight.dtype) * weight
-    return y.to(x.dtype)
 
 
 def rms_norm_dynamic_per_token_fp8_quant(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
