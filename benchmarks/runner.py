@@ -284,14 +284,15 @@ def _sweep_plan(spec: OpSpec) -> list[tuple[str, dict]] | None:
 
 def main(argv: list[str] | None = None) -> int:
     # `customop bench` hands its arguments here unchanged (customop/cli.py)
-    parser = argparse.ArgumentParser(prog="customop bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="customop bench", description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--ops", default="", help="comma-separated names / fnmatch patterns (spec name or family)")
     parser.add_argument("--quick", action="store_true", help="tokens {1, 4096} at the largest hidden only")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="default bf16")
     parser.add_argument("--impls", default=",".join(IMPL_ORDER), help="a subset of " + ",".join(IMPL_ORDER))
     parser.add_argument("--out", default="", help="folder for results.json, results.md, bandwidth.png")
     parser.add_argument("--liger-wheel", default=None,
-                        help="a Liger wheel to unpack when liger_kernel is not installed (default: .whl/liger_kernel-*.whl)")
+                        help="a Liger wheel to unpack when liger_kernel is not installed "
+                             "(default: .whl/liger_kernel-*.whl)")
     parser.add_argument("--sweep", action="store_true", help="also time each tuning alternative of the Triton kernels")
     parser.add_argument("--budget-s", type=float, default=330.0,
                         help="start no new shape after this many seconds (results so far are kept)")
