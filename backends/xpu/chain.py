@@ -18,6 +18,7 @@ kernel, so a later ``install`` (tests) re-points it without re-registering.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -52,7 +53,6 @@ class Resolution:
     env: XpuEnvironment
     ipex_note: str  # "used: ..." or why IPEX is not used
     triton_note: str
-    ipex: ModuleType | None
     choices: dict[str, Choice]
 
 
@@ -68,7 +68,7 @@ def library_bodies() -> dict[str, Callable[..., Any]]:
 
     torch keeps them in a private registry (``torch._library.custom_ops.OPDEFS``, present from
     2.4 through 2.13); without it the chain still registers the ops it has kernels for."""
-    import customop.ops  # noqa: F401  (defines the customop:: ops)
+    import customop.ops._library  # noqa: F401  (defines the customop:: ops)
 
     try:
         from torch._library.custom_ops import OPDEFS
@@ -84,13 +84,17 @@ def triton_kernels() -> dict[str, Callable[..., Any]]:
     return shared_triton.kernels()
 
 
+@functools.cache
+def _compile(body: Callable[..., Any]) -> Callable[..., Any]:
+    """One ``torch.compile`` of each reference body for the process (re-resolutions reuse it)."""
+    return torch.compile(body)
+
+
 def _compiled(body: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.compile(body)``, built on the first call (``backends.cpu.compiled`` caches it)."""
+    """The ``compiled`` provider's kernel: compiles ``body`` on its first call, not at install."""
 
     def kernel(*args: Any) -> Any:
-        from customop.backends.cpu import compiled
-
-        return compiled(body)(*args)
+        return _compile(body)(*args)
 
     return kernel
 
@@ -138,7 +142,7 @@ def resolve(env: XpuEnvironment | None = None) -> Resolution:
             fallback = candidates[1][0]
             kernel = _with_fallback(ipex_kernels[op].supports, kernel, candidates[1][2])
         choices[op] = Choice(op, provider, detail, kernel, fallback)
-    return Resolution(env, ipex_note, triton_note, ipex, choices)
+    return Resolution(env, ipex_note, triton_note, choices)
 
 
 def _with_fallback(supports: Callable[..., bool], first: Callable[..., Any],
@@ -189,16 +193,6 @@ def reset() -> None:
 
 def choices() -> dict[str, Choice]:
     return install().choices
-
-
-def ipex_module() -> ModuleType | None:
-    """IPEX itself when the chain uses it for XPU tensors (the attention and MoE wrappers ask)."""
-    return install().ipex
-
-
-def ipex_functional() -> ModuleType | None:
-    ipex = ipex_module()
-    return None if ipex is None else ipex.llm.functional
 
 
 def describe() -> str:

@@ -1,7 +1,7 @@
 """Fixtures of the xpu backend tests. Tests marked ``ipex`` need the real IPEX (the xpu tier's
 venv: torch 2.8.0 + IPEX 2.8.0's CPU build) and are skipped where it cannot be imported, so the
-main tier runs everything else: the mappings against the stand-ins in ``fake_ipex``, the chain with
-a hand-made environment, the native references."""
+main tier runs everything else: the mappings against the stand-ins in ``fake_ipex`` and the chain
+with a hand-made environment."""
 
 from __future__ import annotations
 
@@ -33,14 +33,6 @@ def pytest_runtest_setup(item):
         module, reason = real_ipex()
         if module is None:
             pytest.skip(reason)
-
-
-@pytest.fixture
-def ipex():
-    module, reason = real_ipex()
-    if module is None:
-        pytest.skip(reason)
-    return module
 
 
 #: The IPEX namespaces a mapping test runs against: both stand-ins always, the real CPU build in

@@ -8,7 +8,6 @@ The XPU-only functions (``silu_and_mul``, ``gelu_and_mul``, ``gelu_quick``,
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import torch
@@ -103,22 +102,7 @@ def xpu_build() -> SimpleNamespace:
             _rotate(t.view(positions.numel(), -1, head_dim), cos[:, None], sin[:, None], rotary_dim, is_nexo_style)
         return query, key
 
-    def varlen_attention(query, key, value, out, seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, pdropout,
-                         softmax_scale, zero_tensors, is_causal, return_softmax, gen_, softcap=-1.0):
-        """The XPU build's order (no alibi_slopes, no window); causal aligned top left like the CPU build."""
-        calls.append("varlen_attention")
-        groups = query.shape[1] // key.shape[1]
-        bounds_q, bounds_k = seqlen_q.tolist(), seqlen_k.tolist()
-        for q0, q1, k0, k1 in zip(bounds_q[:-1], bounds_q[1:], bounds_k[:-1], bounds_k[1:]):
-            k = key[k0:k1].float().repeat_interleave(groups, 1)
-            v = value[k0:k1].float().repeat_interleave(groups, 1)
-            s = torch.einsum("qhd,khd->hqk", query[q0:q1].float(), k) * softmax_scale
-            if is_causal:
-                s = s.masked_fill(torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).triu(1), -math.inf)
-            out[q0:q1] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v).to(out.dtype)
-        return out
-
     functional = FakeFunctional(calls=calls, silu_and_mul=silu_and_mul, gelu_and_mul=gelu_and_mul,
                                 gelu_quick=gelu_quick, rotary_embedding_batched=rotary_embedding_batched,
-                                varlen_attention=varlen_attention, **common)
+                                **common)
     return SimpleNamespace(__version__="2.8.10+xpu", llm=SimpleNamespace(functional=functional))
