@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The xpu CI tier (DESIGN.md section 5): the IPEX wrappers of backends/xpu run on CPU tensors
+# The xpu CI tier (docs/xpu.md): the IPEX wrappers of backends/xpu run on CPU tensors
 # against the native spec, plus the XPU dispatch chain, with IPEX actually importable. It needs
 # its own venv because IPEX 2.8.0 (retired; the last release) refuses any torch but 2.8.*
 # (it calls exit(127) at import), while the main tier uses torch 2.13. No Intel GPU is involved:
-# PyPI's IPEX is the CPU build (research/xpu-cpu-path.md section 1, docs/xpu.md).
+# PyPI's IPEX is the CPU build (2.8.0+cpu); its llm.functional kernels take CPU tensors.
 #
 # Usage: bash .ci/xpu.sh [extra pytest args]. Env: CUSTOMOP_XPU_VENV (default .venv-xpu),
 # PYTHON (default python3), CUSTOMOP_TIER_CLEANUP=1 (remove the venv afterwards). A venv that

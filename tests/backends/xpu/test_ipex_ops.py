@@ -136,3 +136,18 @@ def test_rotary_embedding_partial_and_keyless(ipex_build):
         torch.ops.customop.rotary_embedding(positions, expected_q, expected_k, 64, cache, True)
         kernel.run(positions, query, key, 64, cache, True)
         assert_close((query, key), (expected_q, expected_k))
+
+
+@pytest.mark.ipex
+def test_measured_limits_of_the_cpu_build():
+    """Why ``supports`` hands these calls on: IPEX 2.8.0+cpu itself refuses them (if a build ever
+    accepts them, this fails and the ``supports`` checks can be widened)."""
+    from tests.backends.xpu.conftest import real_ipex
+
+    fns = real_ipex()[0].llm.functional
+    with pytest.raises(RuntimeError, match="Unsupported input type"):
+        fns.rms_norm(torch.randn(4, 32), None, 1e-6)  # no weight-less norm
+    positions, query, key, cache = _rotary_case(torch.float32, 64, 32, True, True)
+    cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
+    with pytest.raises(AssertionError, match="last dim"):
+        fns.rotary_embedding(query, key, sin, cos, 32, True)  # partial rotation
