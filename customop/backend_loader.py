@@ -1,7 +1,9 @@
 """The built-in backends as data: what each needs, which extra brings it, and how to load it.
 
-Probing only looks for modules (``find_spec``); ``load_backend`` imports on first use and turns a
-missing optional dependency into an error that names the extra to install.
+``BACKENDS`` is the one table of these facts: ``Platform`` (its ``backend`` names a row),
+``customop info`` and the error messages read it, and a test checks it against pyproject.toml's
+extras. Probing only looks for modules (``find_spec``); ``load_backend`` imports on first use and
+turns a missing optional dependency into an error that names the extra to install.
 """
 
 from __future__ import annotations
@@ -47,6 +49,20 @@ BACKENDS: dict[str, BackendSpec] = {
 
 
 _loaded: dict[str, ModuleType] = {}
+
+
+def load_platform_backend() -> ModuleType | None:
+    """Loads the current platform's backend, if it has one that can import here (else None).
+
+    For code outside ``CustomOp`` that calls ``torch.ops.customop.*`` directly; ops get this at
+    construction (``CustomOp.dispatch_forward``), with the fallback and error rules there.
+    """
+    from customop.platforms import current_platform
+
+    platform = current_platform()
+    if platform.backend is None or platform.backend_unavailable() is not None:
+        return None
+    return load_backend(platform.backend)
 
 
 def load_backend(name: str) -> ModuleType:

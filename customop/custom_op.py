@@ -107,13 +107,15 @@ class CustomOp(nn.Module):
         name = getattr(type(self), "name", type(self).__qualname__)
         enabled = self._enforce_enable or type(self).enabled()
         config.record(name, enabled)
+        method_name = "forward_native"
         if not enabled:
             method = self.forward_native
             if self._compile_native and config.backend != "eager":
                 method = torch.compile(method, dynamic=True)
         else:
             platform = current_platform()
-            method = getattr(self, platform.forward_method)
+            method_name = platform.forward_method
+            method = getattr(self, method_name)
             explicit = self._enforce_enable or config.is_explicitly_enabled(name)
             reason = platform.backend_unavailable()
             if platform.backend is not None and (reason is None or explicit):
@@ -128,8 +130,10 @@ class CustomOp(nn.Module):
             if reason and not explicit:
                 # An automatic choice may degrade; an explicit one fails loudly (here or at call).
                 _warn_once(f"fallback:{name}", "customop: %s runs forward_native: %s", name, reason)
-                method = self.forward_native
+                method, method_name = self.forward_native, "forward_native"
         self._forward_method = method
+        #: the name of the method ``forward`` runs (methods may be aliases of one another)
+        self.forward_method_name = method_name
         return method
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -23,6 +23,7 @@ import threading
 import torch
 
 from customop import plugins
+from customop.backend_loader import BACKENDS
 
 logger = logging.getLogger("customop")
 
@@ -52,10 +53,20 @@ class Platform:
     dist_backend: str = "gloo"
     #: The ``CustomOp`` method an *enabled* op runs here (a table entry, never an if-chain).
     forward_method: str = "forward_native"
-    #: The optional extra that brings this platform's backend (for error messages).
-    extra: str | None = None
-    #: The ``customop.backends.<name>`` package an enabled op loads at construction (None: none).
+    #: The ``customop.backends.<name>`` package an enabled op loads at construction (None: none);
+    #: what it needs and which extra brings it are read from ``backend_loader.BACKENDS``.
     backend: str | None = None
+
+    @classmethod
+    def missing_backend_modules(cls) -> str | None:
+        """Why this platform's backend cannot import (its modules absent, with the extra to
+        install), or None; only looks for the modules (``find_spec``), imports nothing."""
+        if cls.backend is None:
+            return None
+        spec = BACKENDS[cls.backend]
+        if missing := spec.missing():
+            return f"missing {missing}: pip install customop[{spec.extra}]"
+        return None
 
     def is_cuda(self) -> bool:
         return self._enum is PlatformEnum.CUDA
@@ -114,7 +125,6 @@ class CudaPlatform(Platform):
     name = device_type = "cuda"
     dist_backend = "nccl"
     forward_method = "forward_cuda"
-    extra = "cuda"
 
     @classmethod
     def is_present(cls) -> bool:
@@ -124,9 +134,7 @@ class CudaPlatform(Platform):
     def unavailable_reason(cls) -> str | None:
         if not cls.is_present():
             return "no CUDA device is visible (torch.cuda.is_available() is False or torch is a HIP build)"
-        if missing := _missing("triton"):
-            return f"missing {missing}: pip install customop[{cls.extra}]"
-        return None
+        return cls.missing_backend_modules()
 
 
 class RocmPlatform(CudaPlatform):
@@ -135,7 +143,6 @@ class RocmPlatform(CudaPlatform):
     name = "rocm"
     device_type = "cuda"  # HIP devices appear as "cuda" tensors in torch
     forward_method = "forward_hip"
-    extra = "rocm"
 
     @classmethod
     def is_present(cls) -> bool:
@@ -145,9 +152,7 @@ class RocmPlatform(CudaPlatform):
     def unavailable_reason(cls) -> str | None:
         if not cls.is_present():
             return "no ROCm device is visible (torch.version.hip is None or no device)"
-        if missing := _missing("triton"):
-            return f"missing {missing}: pip install customop[{cls.extra}]"
-        return None
+        return cls.missing_backend_modules()
 
     def fp8_dtype(self) -> torch.dtype:
         from customop.math.fp8 import fp8_dtype_for_arch
@@ -162,7 +167,6 @@ class XpuPlatform(Platform):
     name = device_type = "xpu"
     dist_backend = "xccl"
     forward_method = "forward_xpu"
-    extra = "xpu"
 
     @classmethod
     def is_present(cls) -> bool:
@@ -182,7 +186,6 @@ class TpuPlatform(Platform):
     device_type = "xla"
     dist_backend = "xla"
     forward_method = "forward_tpu"
-    extra = "tpu"
 
     @classmethod
     def is_present(cls) -> bool:
@@ -192,9 +195,7 @@ class TpuPlatform(Platform):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        if missing := _missing("torch_xla", "jax"):
-            return f"missing {missing}: pip install customop[{cls.extra}]"
-        return None
+        return cls.missing_backend_modules()
 
     def use_all_gather(self) -> bool:
         return False

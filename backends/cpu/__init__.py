@@ -1,31 +1,10 @@
-"""CPUs: Inductor-compiled native code (2.5-8x faster than eager for memory-bound ops on this
-CPU, DESIGN.md section 4), oneDNN through PyTorch where it wins, IPEX's CPU kernels when present.
+"""CPUs: Inductor-compiled native code above a measured size per op, the spec's own kernels with
+fewer temporaries below it (``eager.py``), oneDNN through PyTorch where it wins (docs/cpu.md).
 
-Ops call ``compiled(fn)`` with a *module-level* pure function: one compiled artifact per function,
-shared by every instance (compiling bound methods would guard on ``self`` and recompile per
-instance).
+Torch only; imports no op class (the ops import this package, never the reverse).
 """
 
-from __future__ import annotations
+from customop.backends.cpu.compile_cache import EMULATE_CASTS, compiled
+from customop.backends.cpu.tiering import CpuTiers, run_tiered
 
-from collections.abc import Callable
-from typing import Any
-
-import torch
-
-_compiled: dict[tuple[Callable[..., Any], frozenset], Callable[..., Any]] = {}
-
-#: Keeps eager's intermediate roundings (e.g. RMSNorm's cast to the weight dtype before the
-#: multiply); without it Inductor fuses the casts away and ~1% of bf16 outputs move by one ulp.
-EMULATE_CASTS = {"emulate_precision_casts": True}
-
-
-def compiled(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
-    """``torch.compile(fn, options=options)``, built once per (function, options). Shapes become
-    dynamic after the first recompile (torch's default), so a serving loop with varying token
-    counts does not recompile per shape."""
-    key = (fn, frozenset(options.items()))
-    out = _compiled.get(key)
-    if out is None:
-        out = _compiled[key] = torch.compile(fn, options=options or None)
-    return out
+__all__ = ["EMULATE_CASTS", "CpuTiers", "compiled", "run_tiered"]

@@ -27,6 +27,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from customop.math import quant as qm
+
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
@@ -168,10 +170,8 @@ def dynamic_per_token_scaled_fp8_quant(x: torch.Tensor, scale_ub: torch.Tensor |
 def per_token_group_fp8_quant(x: torch.Tensor, group_size: int, column_major_scales: bool, use_ue8m0: bool,
                               fp8_dtype: torch.dtype, fp8_max: float,
                               min_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    # the spec's own grouping, rounding and layout helpers (imported here: ops import this
-    # module, not the reverse); only the arithmetic in between runs in place
-    from customop.math import quant as qm
-
+    # the spec's own grouping, rounding and layout helpers; only the arithmetic in between runs
+    # in place
     groups = qm.token_groups(x, group_size)
     scale = groups.abs().amax(dim=-1, keepdim=True).to(torch.float32).div_(fp8_max).clamp_(min=min_scale)
     if use_ue8m0:

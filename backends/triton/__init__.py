@@ -37,7 +37,7 @@ def register_for(device_type: str) -> None:
     """Registers every launcher as the ``device_type`` kernel of its ``customop::`` op (once)."""
     if device_type in _registered:
         return
-    import customop.ops  # noqa: F401  (defines the customop:: ops)
+    import customop.ops._library  # noqa: F401  (defines the customop:: ops)
 
     for op_name, launcher in kernels().items():
         torch.library.register_kernel(op_name, device_type, launcher)

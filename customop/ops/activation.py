@@ -1,5 +1,5 @@
 """Activations: gated units (``*_and_mul``) and elementwise GELU variants, with vLLM's class names
-and registered names (research/op-semantics.md D.1).
+and registered names.
 
 Gated ops split the last dimension: ``d = x.shape[-1] // 2``, gate ``a = x[..., :d]``, up
 ``b = x[..., d:]`` (``swigluoai_and_mul`` interleaves them instead), and return
@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from customop.backend_loader import load_backend
-from customop.backends.cpu import eager
+from customop.backends.cpu import CpuTiers, eager, run_tiered
 from customop.custom_op import CustomOp
 from customop.math.activation import (  # noqa: F401  (the spec, re-exported here)
     fatrelu_and_mul, gelu_and_mul, gelu_and_mul_sparse, gelu_fast, gelu_new, mul_and_silu, quick_gelu, relu2,
@@ -31,7 +30,6 @@ from customop.math.activation import (  # noqa: F401  (the spec, re-exported her
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = (*_KERNEL_DTYPES, torch.float64)
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def _check_input(op: str, x: Any, *, gated: bool, dtypes: tuple[torch.dtype, ...], contiguous: bool) -> None:
@@ -66,22 +64,8 @@ MANY_KERNELS_MIN_NUMEL = 1 << 14
 STATS_KERNELS_MIN_NUMEL = 1 << 11
 
 
-def _run_on_cpu(fn: Callable[..., torch.Tensor], x: torch.Tensor, *args: Any, min_numel: float) -> torch.Tensor:
-    """Inductor's fused kernel for inputs of ``min_numel`` elements or more, else eager ``fn``.
-
-    The input is viewed as 2-D and both dims are marked dynamic, so one compiled graph per dtype
-    serves every token count and hidden size (instead of a recompile per rank and size, which
-    would exhaust Dynamo's recompile limit). Under an outer ``torch.compile`` the math is traced
-    into the caller's graph instead."""
-    if torch.compiler.is_compiling() or x.numel() < min_numel or not x.is_contiguous():
-        return fn(x, *args)
-    from customop.backends.cpu import compiled
-
-    rows = x.view(-1, x.shape[-1])
-    torch._dynamo.maybe_mark_dynamic(rows, 0)
-    torch._dynamo.maybe_mark_dynamic(rows, 1)
-    out = compiled(fn)(rows, *args)
-    return out.view(*x.shape[:-1], out.shape[-1])
+def _low_precision_from(fp32_and_fp64: int, bf16_and_fp16: int) -> CpuTiers:
+    return CpuTiers(fp32_and_fp64, by_dtype={torch.bfloat16: bf16_and_fp16, torch.float16: bf16_and_fp16})
 
 
 # ---- the ops ----------------------------------------------------------------------------------
@@ -93,7 +77,6 @@ def _checked_approximate(op: str, approximate: str) -> str:
     return approximate
 
 
-#: The backend that a resolved method launches kernels from.
 
 
 class _Activation(CustomOp):
@@ -107,9 +90,7 @@ class _Activation(CustomOp):
     eager_fn: ClassVar[Callable[..., torch.Tensor] | None] = None
     gated: ClassVar[bool] = False
     compile_native_default: ClassVar[bool] = False
-    cpu_compile_min_numel: ClassVar[float] = FEW_KERNELS_MIN_NUMEL
-    #: bf16/fp16 inputs compile from here instead, where the measurements differ by dtype
-    cpu_compile_min_numel_low_precision: ClassVar[float | None] = None
+    cpu_tiers: ClassVar[CpuTiers] = CpuTiers(FEW_KERNELS_MIN_NUMEL)
     repr_fields: ClassVar[tuple[str, ...]] = ()  # constructor arguments shown by print(module)
 
     def __init__(self, *, enforce_enable: bool = False, compile_native: bool | None = None) -> None:
@@ -127,35 +108,17 @@ class _Activation(CustomOp):
         return type(self).math_fn(x, *self.math_args())
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        # Straight-line on purpose: a decode-sized call takes 4-60 us, so each Python step shows.
         _check_input(self.name, x, gated=self.gated, dtypes=_CPU_DTYPES, contiguous=False)
-        if torch.compiler.is_compiling():  # the caller's Inductor fuses the spec
-            return self.math_fn(x, *self.math_args())
-        if x.numel() < self._cpu_min_numel(x):
-            fn = self.eager_fn  # the spec with fewer temporaries; not while autograd records
-            if fn is None or (x.requires_grad and torch.is_grad_enabled()):
-                fn = self.math_fn
-            return fn(x, *self.math_args())
-        return self._forward_cpu_compiled(x)
-
-    def _forward_cpu_compiled(self, x: torch.Tensor) -> torch.Tensor:
-        return _run_on_cpu(self.math_fn, x, *self.math_args(), min_numel=0)
-
-    def _cpu_min_numel(self, x: torch.Tensor) -> float:
-        low_precision = self.cpu_compile_min_numel_low_precision
-        if low_precision is not None and x.dtype in _LOW_PRECISION:
-            return low_precision
-        return self.cpu_compile_min_numel
+        return run_tiered(self.cpu_tiers, self.math_fn, x, *self.math_args(), eager=self.eager_fn)
 
     def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
-        return self._library_op(x, "cuda")
+        return self.forward_kernel(x)
 
-    def forward_xpu(self, x: torch.Tensor) -> torch.Tensor:
-        return self._library_op(x, "xpu")
+    forward_xpu = forward_tpu = forward_cuda
 
-    def _library_op(self, x: torch.Tensor, backend: str) -> torch.Tensor:
+    def forward_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """The ``torch.ops.customop`` call every accelerator shares (same name as the op)."""
         _check_input(self.name, x, gated=self.gated, dtypes=_KERNEL_DTYPES, contiguous=True)
-        load_backend(backend)  # registers the device kernels (a dict lookup once loaded; traceable)
         return getattr(torch.ops.customop, self.name)(x, *self.math_args())
 
 
@@ -206,8 +169,7 @@ class GeluAndMulSparse(_Activation):
     gated = True
     # fp32 compiles from 2K (1.3x at 1x8192); bf16/fp16 keep 16K: there the compiled fp32 row
     # statistics move outputs near the cutoff beyond the tolerance against the bf16 spec
-    cpu_compile_min_numel = STATS_KERNELS_MIN_NUMEL
-    cpu_compile_min_numel_low_precision = MANY_KERNELS_MIN_NUMEL
+    cpu_tiers = _low_precision_from(STATS_KERNELS_MIN_NUMEL, MANY_KERNELS_MIN_NUMEL)
     repr_fields = ("activation_sparsity", "approximate")
 
     def __init__(self, activation_sparsity: float, approximate: str = "none", **kwargs: Any) -> None:
@@ -243,6 +205,11 @@ class FatreluAndMul(_Activation):
         return (self.threshold,)
 
 
+def _deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """Interleaved (gate, up) lanes -> ``[gates | ups]``."""
+    return x.unflatten(-1, (-1, 2)).transpose(-1, -2).contiguous().flatten(-2)
+
+
 @CustomOp.register("swigluoai_and_mul")
 class SwigluOAIAndMul(_Activation):
     """GPT-OSS's clamped SwiGLU on interleaved (gate, up) lanes."""
@@ -250,8 +217,8 @@ class SwigluOAIAndMul(_Activation):
     math_fn = staticmethod(swigluoai_and_mul)
     eager_fn = staticmethod(eager.swigluoai_and_mul)
     gated = True
-    #: bf16/fp16 inputs compile from here (eager casts at every step): 1.35x at 16x8192 in bf16
-    cpu_compile_min_numel_low_precision = 1 << 17
+    #: bf16/fp16 inputs compile from 128K (eager casts at every step): 1.35x at 16x8192 in bf16
+    cpu_tiers = _low_precision_from(FEW_KERNELS_MIN_NUMEL, 1 << 17)
     repr_fields = ("alpha", "limit")
 
     def __init__(self, alpha: float = 1.702, limit: float = 7.0, **kwargs: Any) -> None:
@@ -262,12 +229,13 @@ class SwigluOAIAndMul(_Activation):
     def math_args(self) -> tuple[Any, ...]:
         return (self.alpha, self.limit)
 
-    def _forward_cpu_compiled(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
         # Inductor's CPU code loads stride-2 lanes one element at a time (2x slower than eager,
         # measured), so large inputs are de-interleaved to [gates | ups] once, in eager, and the
         # compiled math runs on contiguous halves (2x faster than eager).
-        halves = x.unflatten(-1, (-1, 2)).transpose(-1, -2).contiguous().flatten(-2)
-        return _run_on_cpu(swigluoai_on_halves, halves, self.alpha, self.limit, min_numel=0)
+        _check_input(self.name, x, gated=True, dtypes=_CPU_DTYPES, contiguous=False)
+        return run_tiered(self.cpu_tiers, swigluoai_and_mul, x, self.alpha, self.limit, eager=self.eager_fn,
+                          compiled_spec=swigluoai_on_halves, prepare=_deinterleave)
 
 
 @CustomOp.register("gelu_new")
@@ -276,7 +244,7 @@ class NewGELU(_Activation):
 
     math_fn = staticmethod(gelu_new)
     eager_fn = staticmethod(eager.gelu_new)
-    cpu_compile_min_numel = MANY_KERNELS_MIN_NUMEL
+    cpu_tiers = CpuTiers(MANY_KERNELS_MIN_NUMEL)
 
 
 @CustomOp.register("gelu_fast")
@@ -285,7 +253,7 @@ class FastGELU(_Activation):
 
     math_fn = staticmethod(gelu_fast)
     eager_fn = staticmethod(eager.gelu_fast)
-    cpu_compile_min_numel = MANY_KERNELS_MIN_NUMEL
+    cpu_tiers = CpuTiers(MANY_KERNELS_MIN_NUMEL)
 
 
 @CustomOp.register("quick_gelu")
@@ -313,7 +281,7 @@ class XIELU(_Activation):
     ``dtype`` too; the op uses their rounded values."""
 
     math_fn = staticmethod(xielu)
-    cpu_compile_min_numel = STATS_KERNELS_MIN_NUMEL
+    cpu_tiers = CpuTiers(STATS_KERNELS_MIN_NUMEL)
 
     def __init__(self, alpha_p_init: float = 0.8, alpha_n_init: float = 0.8, beta: float = 0.5,
                  eps: float = -1e-6, dtype: torch.dtype = torch.bfloat16,
@@ -341,11 +309,11 @@ class XIELU(_Activation):
     def math_args(self) -> tuple[Any, ...]:
         return (F.softplus(self.alpha_p), self.beta + F.softplus(self.alpha_n), self._beta, self._eps)
 
-    def _library_op(self, x: torch.Tensor, backend: str) -> torch.Tensor:
+    def forward_kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.alpha_p.device != x.device:
             raise ValueError(f"customop xielu: x is on {x.device} but the parameters are on "
                              f"{self.alpha_p.device}; move the module with .to(x.device)")
-        return super()._library_op(x, backend)
+        return super().forward_kernel(x)
 
 
 # ---- factories: one shared instance per name, built on first use (vLLM's LazyDict) ------------

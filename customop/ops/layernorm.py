@@ -1,12 +1,10 @@
 """Norms: RMSNorm (+ fused residual add), GemmaRMSNorm, RMSNormGated.
 
-The math follows vLLM (research/op-semantics.md D.2), including the rounding order, because
-checkpoints are trained against it: plain RMSNorm casts the normalised fp32 value to the *weight*
-dtype before multiplying (HF Llama numerics), Gemma multiplies by ``1 + w`` in fp32 and casts last,
-and the gated norm does everything in fp32.
+The math (``customop/math/layernorm.py``, re-exported here) follows vLLM's, rounding order
+included, because checkpoints are trained against it.
 
 In-place contract (fused residual add): the kernel paths (``forward_cuda``/``forward_hip``/
-``forward_xpu``) write the normalised output into ``x`` and the new residual into ``residual`` and
+``forward_xpu``/``forward_tpu``) write the normalised output into ``x`` and the new residual into ``residual`` and
 return those two tensors; ``forward_native`` and ``forward_cpu`` return new tensors and leave the
 inputs alone. Either may happen, so **callers must use the returned tensors**.
 """
@@ -14,11 +12,9 @@ inputs alone. Either may happen, so **callers must use the returned tensors**.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from customop.backend_loader import load_backend
-from customop.backends.cpu import EMULATE_CASTS, compiled, eager
+from customop.backends.cpu import CpuTiers, eager, run_tiered
 from customop.custom_op import CustomOp
 from customop.math.layernorm import (  # noqa: F401  (the spec, re-exported here)
     fused_add_rms_norm, gemma_fused_add_rms_norm, gemma_rms_norm, rms_norm, rms_norm_gated,
@@ -66,60 +62,26 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-# ---- CPU path ----------------------------------------------------------------------------------
+# ---- CPU thresholds ----------------------------------------------------------------------------
 
-#: Below this many elements eager wins: a compiled call has a floor of ~18 us (guards, launch, an
-#: OpenMP region) plus ~2.5 us of this wrapper, about what the whole eager op costs on a few
-#: thousand elements. Measured on the 2-core CI box (benchmarks/results/cpu_layernorm.md): in
-#: bf16/fp16, where eager also pays separate cast kernels, compiled wins from one 4096-wide token;
-#: in fp32 it loses up to 4x4096 and wins from 8x4096.
-CPU_COMPILE_MIN_NUMEL = 4096
-CPU_COMPILE_MIN_NUMEL_FP32 = 32768
-
+#: Measured on the 2-core CI box (benchmarks/results/cpu_layernorm.md): a compiled call has a floor
+#: of ~18 us, about what the whole eager op costs on a few thousand elements. In bf16/fp16, where
+#: eager also pays separate cast kernels, compiled wins from one 4096-wide token; in fp32 it loses
+#: up to 4x4096 and wins from 8x4096. Below the threshold the norms whose weight multiply is fp32
+#: run ATen's fused RMSNorm (backends/cpu/eager.py); the others run the spec.
+_NORM_THRESHOLDS = dict(min_numel=4096, by_dtype={torch.float32: 32768}, dynamic=False)
 
 #: RMSNorm's ``y.to(w.dtype) * w`` must round y to bf16/fp16 before the multiply (HF Llama), but
 #: Inductor fuses the cast away unless told to emulate eager's casts; without it 26% of bf16 outputs
 #: differ by one ulp from forward_native (measured on 64x512). Emulation costs bf16 10-70% against
 #: plain Inductor (256x4096: 555 vs 325 us on one thread) yet stays 1.2-6x ahead of eager; the
 #: other norms cast only once, at the end, and compile plainly.
-def _compiled_keeping_casts(fn):
-    return compiled(fn, **EMULATE_CASTS)
+RMS_NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, emulate_casts=True)
+NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS)
 
 
-def _cpu(fn, compile_fn=compiled, eager_fn=None):
-    """``compile_fn(fn)`` (Inductor), or eager for small inputs (CPU_COMPILE_MIN_NUMEL*):
-    ``eager_fn`` (ATen's fused RMSNorm where it is the spec's formula, backends/cpu/eager.py;
-    it returns None for the cases it does not cover), else ``fn``.
-
-    The compiled code always sees 2-D rows (x and every tensor shaped like x are flattened), so
-    each dtype costs one static and one dynamic compile whatever the callers' ranks; this also
-    keeps a mixed-rank caller under dynamo's recompile limit."""
-
-    def run(x: torch.Tensor, *args):
-        min_numel = CPU_COMPILE_MIN_NUMEL_FP32 if x.dtype == torch.float32 else CPU_COMPILE_MIN_NUMEL
-        if torch.compiler.is_compiling():
-            return fn(x, *args)  # inside a caller's torch.compile, the caller's Inductor fuses fn
-        if x.numel() < min_numel:
-            out = None if eager_fn is None else eager_fn(x, *args)
-            return fn(x, *args) if out is None else out
-        if x.dim() == 2:  # the usual [tokens, hidden]: skip the reshapes (~5 us)
-            return compile_fn(fn)(x, *args)
-        shape = x.shape
-        rows = [a.reshape(-1, shape[-1]) if isinstance(a, torch.Tensor) and a.shape == shape else a
-                for a in (x, *args)]
-        out = compile_fn(fn)(*rows)
-        if isinstance(out, tuple):
-            return tuple(t.view(shape) for t in out)
-        return out.view(shape)
-
-    return run
-
-
-_cpu_rms_norm = _cpu(rms_norm, _compiled_keeping_casts, eager.rms_norm)
-_cpu_fused_add_rms_norm = _cpu(fused_add_rms_norm, _compiled_keeping_casts, eager.fused_add_rms_norm)
-_cpu_gemma_rms_norm = _cpu(gemma_rms_norm, eager_fn=eager.gemma_rms_norm)
-_cpu_gemma_fused_add_rms_norm = _cpu(gemma_fused_add_rms_norm, eager_fn=eager.gemma_fused_add_rms_norm)
-_cpu_rms_norm_gated = _cpu(rms_norm_gated)
+def _autograd_records(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 # ---- the ops -----------------------------------------------------------------------------------
@@ -152,6 +114,8 @@ class RMSNorm(CustomOp):
         weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype)) if has_weight else None
         self.register_parameter("weight", weight)
 
+    cpu_tiers = RMS_NORM_CPU_TIERS
+
     def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
             return rms_norm(x, self.weight, self.eps, self.variance_size_override)
@@ -159,24 +123,25 @@ class RMSNorm(CustomOp):
 
     def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
-            return _cpu_rms_norm(x, self.weight, self.eps, self.variance_size_override)
-        return _cpu_fused_add_rms_norm(x, residual, self.weight, self.eps, self.variance_size_override)
+            return run_tiered(self.cpu_tiers, rms_norm, x, self.weight, self.eps, self.variance_size_override,
+                              eager=eager.rms_norm)
+        return run_tiered(self.cpu_tiers, fused_add_rms_norm, x, residual, self.weight, self.eps,
+                          self.variance_size_override, eager=eager.fused_add_rms_norm)
 
     def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return self._forward_kernel("cuda", x, residual)
+        return self.forward_kernel(x, residual)
 
-    def forward_xpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return self._forward_kernel("xpu", x, residual)
+    forward_xpu = forward_tpu = forward_cuda
 
-    def forward_tpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return load_backend("tpu").torch_ops.rms_norm(x, residual, self.weight, self.eps, self.variance_size_override)
-
-    def _forward_kernel(self, backend: str, x: torch.Tensor, residual: torch.Tensor | None):
+    def forward_kernel(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """The ``torch.ops.customop`` call every accelerator shares; cases without a kernel
+        (a variance subset; the fused add with a weight dtype other than x's, or while autograd
+        records: torch attaches no backward to an in-place op) run ``forward_native``."""
         _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
         mixed_weight = self.weight is not None and self.weight.dtype != x.dtype
-        if self.variance_size_override is not None or (residual is not None and mixed_weight):
+        if self.variance_size_override is not None or (
+                residual is not None and (mixed_weight or _autograd_records(x, residual))):
             return self.forward_native(x, residual)
-        load_backend(backend)  # a dict lookup once loaded: traceable
         if residual is None:
             return torch.ops.customop.rms_norm(_last_dim_contiguous(x), self.weight, self.eps)
         x, residual = _last_dim_contiguous(x), _last_dim_contiguous(residual)
@@ -195,6 +160,8 @@ class GemmaRMSNorm(CustomOp):
     write into ``x`` and ``residual``, the native and CPU paths return new tensors; **callers must
     use the returned tensors**."""
 
+    cpu_tiers = NORM_CPU_TIERS
+
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.hidden_size = hidden_size
@@ -208,21 +175,21 @@ class GemmaRMSNorm(CustomOp):
 
     def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
-            return _cpu_gemma_rms_norm(x, self.weight, self.eps)
-        return _cpu_gemma_fused_add_rms_norm(x, residual, self.weight, self.eps)
+            return run_tiered(self.cpu_tiers, gemma_rms_norm, x, self.weight, self.eps, eager=eager.gemma_rms_norm)
+        return run_tiered(self.cpu_tiers, gemma_fused_add_rms_norm, x, residual, self.weight, self.eps,
+                          eager=eager.gemma_fused_add_rms_norm)
 
     def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return self._forward_kernel("cuda", x, residual)
+        return self.forward_kernel(x, residual)
 
-    def forward_xpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return self._forward_kernel("xpu", x, residual)
+    forward_xpu = forward_tpu = forward_cuda
 
-    def forward_tpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return load_backend("tpu").torch_ops.gemma_rms_norm(x, residual, self.weight, self.eps)
-
-    def _forward_kernel(self, backend: str, x: torch.Tensor, residual: torch.Tensor | None):
+    def forward_kernel(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """The ``torch.ops.customop`` call every accelerator shares (the fused add runs
+        ``forward_native`` while autograd records: torch attaches no backward to an in-place op)."""
         _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
-        load_backend(backend)  # a dict lookup once loaded: traceable
+        if residual is not None and _autograd_records(x, residual):
+            return self.forward_native(x, residual)
         if residual is None:
             return torch.ops.customop.gemma_rms_norm(_last_dim_contiguous(x), self.weight, self.eps)
         x, residual = _last_dim_contiguous(x), _last_dim_contiguous(residual)
@@ -247,6 +214,8 @@ class RMSNormGated(CustomOp):
     ``dtype`` is the weight's dtype (vLLM accepts it too).
     """
 
+    cpu_tiers = NORM_CPU_TIERS
+
     def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: int | None = None,
                  norm_before_gate: bool = False, activation: str = "swish",
                  dtype: torch.dtype | None = None) -> None:
@@ -270,20 +239,16 @@ class RMSNormGated(CustomOp):
         return rms_norm_gated(*self._args(x, z))
 
     def forward_cpu(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-        return _cpu_rms_norm_gated(*self._args(x, z))
+        return run_tiered(self.cpu_tiers, rms_norm_gated, *self._args(x, z))
 
     def forward_cuda(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-        return self._forward_kernel("cuda", x, z)
+        return self.forward_kernel(x, z)
 
-    def forward_xpu(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-        return self._forward_kernel("xpu", x, z)
+    forward_xpu = forward_tpu = forward_cuda
 
-    def forward_tpu(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-        return load_backend("tpu").torch_ops.rms_norm_gated(*self._args(x, z))
-
-    def _forward_kernel(self, backend: str, x: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
+    def forward_kernel(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        """The ``torch.ops.customop`` call every accelerator shares."""
         _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"z": z})
-        load_backend(backend)  # a dict lookup once loaded: traceable
         z = None if z is None else _last_dim_contiguous(z)
         return torch.ops.customop.rms_norm_gated(*self._args(_last_dim_contiguous(x), z))
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from customop.ops.layernorm import CPU_COMPILE_MIN_NUMEL_FP32
+from customop.ops.layernorm import RMS_NORM_CPU_TIERS
 from customop.testing import Sample, randn, register_samples
 
 #: (leading dims, hidden)
 _SHAPES = (((1,), 64), ((5,), 97), ((2, 3), 128))
-_LARGE = ((CPU_COMPILE_MIN_NUMEL_FP32 // 1024 + 3,), 1024)
+_LARGE = ((int(RMS_NORM_CPU_TIERS.compile_from(torch.float32)) // 1024 + 3,), 1024)
 
 
 def _rand(shape, dtype, device, gen) -> torch.Tensor:

@@ -24,11 +24,16 @@ def dtype_id(dtype):
     return str(dtype).removeprefix("torch.")
 
 
+def compile_from(monkeypatch, op_cls, numel: float) -> None:
+    """``op_cls.forward_cpu`` compiles from ``numel`` elements (for the rotary op: tokens)."""
+    monkeypatch.setattr(op_cls, "cpu_tiers", op_cls.cpu_tiers.compiling_from(numel))
+
+
 @pytest.fixture(autouse=True)
 def _compile_off_and_fresh_rope_cache(monkeypatch):
     """CPU paths run eager unless a test turns compiling on: each compile costs seconds."""
-    monkeypatch.setattr(rope_base, "CPU_COMPILE_MIN_TOKENS", 1 << 30)
-    monkeypatch.setattr(apply_module, "CPU_COMPILE_MIN_NUMEL", 1 << 30)
+    compile_from(monkeypatch, rope_base.RotaryEmbedding, 1 << 30)
+    compile_from(monkeypatch, apply_module.ApplyRotaryEmb, 1 << 30)
     clear_rope_cache()
     yield
     clear_rope_cache()

@@ -102,9 +102,7 @@ CASE_BY_LABEL = {c.label: c for c in CASES}
 
 def set_cpu_threshold(monkeypatch, op: CustomOp, numel: float) -> None:
     """forward_cpu compiles from ``numel`` elements, for every dtype the op distinguishes."""
-    for attr in ("cpu_compile_min_numel", "cpu_compile_min_numel_low_precision"):
-        if hasattr(op, attr):
-            monkeypatch.setattr(op, attr, numel)
+    monkeypatch.setattr(op, "cpu_tiers", op.cpu_tiers.compiling_from(numel))
 
 
 def build(case: Case) -> CustomOp:
@@ -170,7 +168,7 @@ def test_cpu_compiled_matches_reference(case, dtype, monkeypatch):
 def test_silu_and_mul_large(dtype):
     op = build(CASE_BY_LABEL["silu_and_mul"])
     x = randn(256, 28672, dtype=dtype)
-    assert x.numel() >= op.cpu_compile_min_numel  # the real threshold: the compiled branch
+    assert x.numel() >= op.cpu_tiers.compile_from(dtype)  # the real threshold: the compiled branch
     with torch.no_grad():
         check(CASE_BY_LABEL["silu_and_mul"], op, x, op(x))
 
@@ -256,7 +254,7 @@ class _OpRecorder(TorchDispatchMode):
 def test_forward_cuda_calls_the_library_op(case):
     with forced_platform("cuda"):
         op = case.make(enforce_enable=True)
-        assert op._forward_method.__name__ == "forward_cuda"
+        assert op.forward_method_name == "forward_cuda"
         x = randn(4, 2 * 30 if case.gated else 30, dtype=torch.float16, scale=case.scale)
         with torch.no_grad(), _OpRecorder() as recorder:
             out = op(x)

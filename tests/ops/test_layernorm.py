@@ -194,7 +194,7 @@ def test_kernel_path_mutates_inputs_and_returns_them(cls, variant, platform):
     op, (x, residual), expected_out, expected_res = make_case(variant, (5, 3, 256), torch.bfloat16)
     with forced_platform(platform), use_config(Config(custom_ops=[f"+{cls.name}"])):
         op.dispatch_forward()  # explicitly enabled: runs forward_<platform> with no device present
-        assert op._forward_method.__name__ == f"forward_{platform}"
+        assert op.forward_method_name == f"forward_{platform}"
         out, new_residual = op(x, residual)
     assert out is x and new_residual is residual  # written in place, the same tensors returned
     check_result((x, residual), expected_out, expected_res, torch.bfloat16)
@@ -331,7 +331,7 @@ def test_compiles_fullgraph_without_graph_break(cls, call, platform):
     counter = torch._dynamo.testing.CompileCounter()
     with forced_platform(platform):
         op = build(cls, 64, custom_ops=[f"+{cls.name}"])
-    assert op._forward_method.__name__ == f"forward_{platform}"
+    assert op.forward_method_name == f"forward_{platform}"
     x, r = randn(8, 64), randn(8, 64)
     expected = call(lambda *a: op.forward_native(*a), x.clone(), r.clone())
     # (The lambda's code object is shared by every case of this test: allow it more cache entries.)

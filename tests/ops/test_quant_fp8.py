@@ -177,7 +177,7 @@ def check_against_reference(mode: str, x: torch.Tensor, out, fp8: torch.dtype, k
 def eager_cpu(monkeypatch):
     """forward_cpu's eager branch at any size: compiling every case would take minutes; the
     compiled branch has its own tests below."""
-    monkeypatch.setattr(input_quant_fp8, "CPU_COMPILE_MIN_NUMEL", math.inf)
+    monkeypatch.setattr(QuantFP8, "cpu_tiers", QuantFP8.cpu_tiers.compiling_from(math.inf))
 
 
 # 3-D inputs in one input dtype only: the rank changes no arithmetic, and this keeps the file fast.
@@ -245,7 +245,7 @@ def test_conforms_through_samples(fp8, eager_cpu):
 def test_forward_cuda_matches_native_bit_for_bit(mode):
     x = randn(3, 5, 4096, dtype=torch.bfloat16, scale=3.0, generator=torch.Generator().manual_seed(2))
     op = make_op(mode, torch.float8_e4m3fnuz, platform=Fp8Cuda(torch.float8_e4m3fnuz))
-    assert op._forward_method.__name__ == "forward_cuda"
+    assert op.forward_method_name == "forward_cuda"
     kwargs = call_args(mode, x, 224.0)
     q, scale = op(x, **kwargs)
     q_ref, scale_ref = op.forward_native(x, **kwargs)
@@ -406,7 +406,7 @@ COMPILED_CASES = [("dynamic-token-ub", torch.bfloat16, FN), ("group128-ue8m0-col
 @pytest.mark.parametrize("mode, dtype, fp8", COMPILED_CASES, ids=[c[0] for c in COMPILED_CASES])
 def test_forward_cpu_compiled_branch_matches_reference(mode, dtype, fp8, monkeypatch):
     """forward_cpu's Inductor code rounds exactly like the spec (no reciprocal for division, no FMA)."""
-    monkeypatch.setattr(input_quant_fp8, "CPU_COMPILE_MIN_NUMEL", 0)
+    monkeypatch.setattr(QuantFP8, "cpu_tiers", QuantFP8.cpu_tiers.compiling_from(0))
     x = randn(7, 4224, dtype=dtype, scale=3.0, generator=torch.Generator().manual_seed(4))
     op = make_op(mode, fp8)
     kwargs = call_args(mode, x, fp8_max(fp8))

@@ -13,13 +13,14 @@ from customop.ops.rotary_embedding import (
 from customop.platforms import CudaPlatform
 from customop.testing import assert_conforms, forced_platform, randn
 from tests.ops.rope_helpers import _compile_off_and_fresh_rope_cache  # noqa: F401  (autouse fixture)
+from tests.ops.rope_helpers import compile_from
 from tests.ops.rope_helpers import BASE, D, EPS32, assert_rotated, build, dtype_id, inv_freq64, rope_reference
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 MAX_POS = 4096
 # The kernel paths must be asked for explicitly here: with no GPU, an automatic choice falls back.
 KERNEL_CONFIG = customop.Config(custom_ops=["all,+rotary_embedding,+apply_rotary_emb"])
-SHIPPED_THRESHOLDS = (rope_base.CPU_COMPILE_MIN_TOKENS, apply_module.CPU_COMPILE_MIN_NUMEL)
+SHIPPED_TIERS = (rope_base.ROTARY_CPU_TIERS, apply_module.APPLY_ROTARY_CPU_TIERS)
 
 
 class CudaWithoutGpu(CudaPlatform):
@@ -109,7 +110,7 @@ def test_end_to_end_against_exact_angles(is_neox):
     (torch.float32, False, 8), (torch.bfloat16, True, None)],
     ids=["fp32-neox", "bf16-neox", "fp16-neox", "fp32-gptj", "bf16-neox-key-None"])
 def test_rotary_embedding_cpu_compiled(dtype, is_neox, kv_heads, monkeypatch):
-    monkeypatch.setattr(rope_base, "CPU_COMPILE_MIN_TOKENS", 0)  # compile on
+    compile_from(monkeypatch, RotaryEmbedding, 0)  # compile on
     op = build(RotaryEmbedding, 128, 128, MAX_POS, 10000.0, is_neox, dtype)
     # fp32-neox runs a second size: the dynamic-shape recompile (which later dtypes then reuse)
     sizes = (33, 17) if (dtype, is_neox, kv_heads) == (torch.float32, True, 8) else (33,)
@@ -121,14 +122,14 @@ def test_rotary_embedding_cpu_compiled(dtype, is_neox, kv_heads, monkeypatch):
 
 
 def test_cpu_path_picks_compiled_code_by_size(monkeypatch):
-    monkeypatch.setattr(rope_base, "CPU_COMPILE_MIN_TOKENS", SHIPPED_THRESHOLDS[0])
-    monkeypatch.setattr(apply_module, "CPU_COMPILE_MIN_NUMEL", SHIPPED_THRESHOLDS[1])
+    monkeypatch.setattr(RotaryEmbedding, "cpu_tiers", SHIPPED_TIERS[0])
+    monkeypatch.setattr(ApplyRotaryEmb, "cpu_tiers", SHIPPED_TIERS[1])
     calls = []
-    monkeypatch.setattr("customop.backends.cpu.compiled", lambda fn: calls.append(fn.__name__) or fn)
+    monkeypatch.setattr("customop.backends.cpu.tiering.compiled", lambda fn: calls.append(fn.__name__) or fn)
     op = build(RotaryEmbedding, 64, 64, MAX_POS, 10000.0, True, torch.float32)
     op.forward_cpu(*make_inputs(1, 2, 1, 64, torch.float32))
     apply = build(ApplyRotaryEmb)
-    for tokens in (1, apply_module.CPU_COMPILE_MIN_NUMEL // 128):
+    for tokens in (1, int(SHIPPED_TIERS[1].min_numel) // 128):
         apply.forward_cpu(torch.randn(tokens, 1, 128), torch.randn(tokens, 64), torch.randn(tokens, 64))
     assert calls == ["rotary_embedding", "apply_rotary_emb"]
 
@@ -141,7 +142,7 @@ def test_cpu_path_picks_compiled_code_by_size(monkeypatch):
 def test_kernel_path_is_in_place(platform, kv_heads):
     with forced_platform(platform):
         op = build(RotaryEmbedding, 128, 96, MAX_POS, 10000.0, False, torch.bfloat16, config=KERNEL_CONFIG)
-        assert op._forward_method.__name__ == {"cuda": "forward_cuda", "rocm": "forward_hip", "xpu": "forward_xpu"}[platform]
+        assert op.forward_method_name == {"cuda": "forward_cuda", "rocm": "forward_hip", "xpu": "forward_xpu"}[platform]
         positions, q, k = make_inputs(7, 4, kv_heads, 128, torch.bfloat16)
         q0, k0 = q.clone(), None if k is None else k.clone()
         out_q, out_k = op(positions, q, k)
@@ -241,7 +242,7 @@ def test_apply_rotary_emb(dtype, fp32, path):
 
 
 def test_apply_rotary_emb_cpu_compiled(monkeypatch):
-    monkeypatch.setattr(apply_module, "CPU_COMPILE_MIN_NUMEL", 0)  # compile on
+    compile_from(monkeypatch, ApplyRotaryEmb, 0)  # compile on
     gen = torch.Generator().manual_seed(2)
     x = randn(2, 10, 3, 64, dtype=torch.bfloat16, generator=gen)
     angles = torch.rand(10, 32, generator=gen, dtype=torch.float64) * 6.3
@@ -256,11 +257,11 @@ def test_apply_rotary_emb_checks_and_compile():
     assert op._enforce_enable
     x, cos = torch.randn(4, 2, 32), torch.randn(4, 16)
     with pytest.raises(ValueError, match="apply_rotary_emb: cos has 3 positions"):
-        op._forward_kernel(x, cos[:3], cos[:3])
+        op.forward_kernel(x, cos[:3], cos[:3])
     with pytest.raises(ValueError, match="apply_rotary_emb: cos/sin rotate 64 lanes"):
-        op._forward_kernel(x, torch.randn(4, 32), torch.randn(4, 32))
+        op.forward_kernel(x, torch.randn(4, 32), torch.randn(4, 32))
     with pytest.raises(TypeError, match="apply_rotary_emb: x must be a floating-point"):
-        op._forward_kernel(x.int(), cos, cos)
+        op.forward_kernel(x.int(), cos, cos)
     with forced_platform("cuda"):
         kernel_op = build(ApplyRotaryEmb, False, False, config=KERNEL_CONFIG)
         got = torch.compile(kernel_op, fullgraph=True, backend="aot_eager")(x, cos, cos)
@@ -304,6 +305,6 @@ def test_dual_chunk_five_variants():
 def test_conforms(op_cls, platform, monkeypatch):
     # Only the 17-token sample takes the compiled CPU branch here (its specializations are the
     # compiled tests' above); compiling every small sample would add ~20 s for no new code path.
-    monkeypatch.setattr(rope_base, "CPU_COMPILE_MIN_TOKENS", 16)
+    compile_from(monkeypatch, RotaryEmbedding, 16)
     with torch._dynamo.config.patch(recompile_limit=64):
         assert_conforms(op_cls, platform=platform)

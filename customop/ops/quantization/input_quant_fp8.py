@@ -1,14 +1,14 @@
 """QuantFP8 (``quant_fp8``): activation quantization to fp8, static or dynamic, per tensor, per
-token or per group (research/op-semantics.md D.4; the math is in ``customop/math/quant.py``).
+token or per group (the math is in ``customop/math/quant.py``).
 
 Paths:
 
 - ``forward_native``: ``quant_fp8`` below, the spec (``compile_native=True`` by default, as in
   vLLM: a disabled QuantFP8 runs compiled native).
-- ``forward_cpu``: compiled native above ``CPU_COMPILE_MIN_NUMEL`` elements, eager below, with
+- ``forward_cpu``: compiled native from ``QUANT_CPU_TIERS`` elements, eager below, with
   the in-place steps of ``backends/cpu/eager.py`` (benchmarks/results/cpu_quant.md,
   cpu_decode_paths.md).
-- ``forward_cuda`` / ``forward_xpu``: the ``torch.ops.customop`` kernel entry points
+- ``forward_cuda`` / ``forward_xpu`` / ``forward_tpu``: the ``torch.ops.customop`` kernel entry points
   (``customop/ops/_library/quant.py``) on a ``[T, H]`` contiguous view. Shapes without an entry
   point run ``forward_native``: static scales with more than one element (per token, per channel,
   per group). ``num_token_padding`` and ``tma_aligned_scales`` are done in Python around the
@@ -21,22 +21,21 @@ from typing import Any
 
 import torch
 
-from customop.backend_loader import load_backend
-from customop.backends.cpu import compiled, eager
+from customop.backends.cpu import CpuTiers, eager, run_tiered
 from customop.custom_op import CustomOp
 from customop.math import quant as qm
 from customop.math.fp8 import fp8_max, fp8_min_scale
 from customop.ops.quantization.group_shape import GroupShape
 
-#: Below this many elements forward_cpu stays eager (benchmarks/results/cpu_quant.md). On a quiet
+#: Below 64K elements forward_cpu stays eager (benchmarks/results/cpu_quant.md). On a quiet
 #: 2-core CPU compiled wins from about 4x4096 (by ~10 us), but a dynamic-shape Inductor kernel
 #: always opens an OpenMP region, and on a busy machine waiting for the second thread cost
 #: milliseconds per call at 2x4096-4x4096, where eager runs single-threaded. From 16x4096 up
-#: both use the threads and compiled is 2-8x faster.
-CPU_COMPILE_MIN_NUMEL = 1 << 16
+#: both use the threads and compiled is 2-8x faster. The scales' shapes follow x's leading
+#: dims, so x is not flattened to rows; its token and hidden dims are dynamic from the start.
+QUANT_CPU_TIERS = CpuTiers(1 << 16, rows=False)
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-#: The backend whose import registers the device kernels a resolved method launches.
 
 
 def current_fp8_dtype() -> torch.dtype:
@@ -44,12 +43,6 @@ def current_fp8_dtype() -> torch.dtype:
     from customop.platforms import current_platform
 
     return current_platform().fp8_dtype()
-
-
-def _worth_compiling(x: torch.Tensor) -> bool:
-    """Big enough for Inductor's fused code to repay its call overhead, and not already being
-    traced (under an outer torch.compile the math joins the caller's graph)."""
-    return x.numel() >= CPU_COMPILE_MIN_NUMEL and not torch.compiler.is_compiling()
 
 
 def quant_fp8(x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tensor | None, *,
@@ -75,6 +68,12 @@ def quant_fp8(x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tenso
     else:
         q, scale = math.dynamic_scaled_fp8_quant(x, fp8_dtype, fp8_max, min_scale)
     return qm.pad_tokens(q, num_token_padding), scale
+
+
+def _quant_fp8_in_place_steps(x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tensor | None,
+                              **math: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quant_fp8`` with the in-place steps of ``backends/cpu/eager.py`` (bitwise equal)."""
+    return quant_fp8(x, scale, scale_ub, **math, fewer_temporaries=True)
 
 
 def _check_config(static: bool, group_shape: GroupShape, num_token_padding: int | None,
@@ -110,6 +109,8 @@ class QuantFP8(CustomOp):
       DeepGEMM to ask).
     - The fp8 dtype is the platform's (``Platform.fp8_dtype()``), fixed at construction.
     """
+
+    cpu_tiers = QUANT_CPU_TIERS
 
     def __init__(self, static: bool, group_shape: GroupShape | tuple[int, int], num_token_padding: int | None = None,
                  column_major_scales: bool = False, tma_aligned_scales: bool = False,
@@ -151,35 +152,19 @@ class QuantFP8(CustomOp):
     def forward_cpu(self, x: torch.Tensor, scale: torch.Tensor | None = None,
                     scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         self._check_call(x, scale, scale_ub)
-        if not _worth_compiling(x):
-            # in-place steps only outside a trace and while autograd is not recording
-            fewer = not (torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()))
-            return quant_fp8(x, scale, scale_ub, **self._math, fewer_temporaries=fewer)
-        # A fresh view with dynamic token and hidden dims: one compiled graph per mode and dtype
-        # serves every size (a recompile per size would soon hit Dynamo's recompile limit).
-        x = x.view(x.shape)
-        torch._dynamo.maybe_mark_dynamic(x, 0)
-        torch._dynamo.maybe_mark_dynamic(x, x.dim() - 1)
-        return compiled(quant_fp8)(x, scale, scale_ub, **self._math)
+        return run_tiered(self.cpu_tiers, quant_fp8, x, scale, scale_ub, eager=_quant_fp8_in_place_steps,
+                          **self._math)
 
     def forward_cuda(self, x: torch.Tensor, scale: torch.Tensor | None = None,
                      scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        load_backend("cuda")  # registers the device kernels (a dict lookup once loaded; traceable)
-        return self._forward_kernels(x, scale, scale_ub)
+        return self.forward_kernel(x, scale, scale_ub)
 
-    def forward_xpu(self, x: torch.Tensor, scale: torch.Tensor | None = None,
-                    scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        load_backend("xpu")
-        return self._forward_kernels(x, scale, scale_ub)
+    forward_xpu = forward_tpu = forward_cuda
 
-    def forward_tpu(self, x: torch.Tensor, scale: torch.Tensor | None = None,
-                    scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return load_backend("tpu").torch_ops.quant_fp8(x, scale, scale_ub, static=self.static,
-                                                       native=self.forward_native, **self._math)
-
-    def _forward_kernels(self, x: torch.Tensor, scale: torch.Tensor | None,
+    def forward_kernel(self, x: torch.Tensor, scale: torch.Tensor | None,
                          scale_ub: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Runs the ``torch.ops.customop`` entry point of this mode on a ``[T, H]`` contiguous view
+        """The ``torch.ops.customop`` call every accelerator shares: the entry point of this mode
+        on a ``[T, H]`` contiguous view
         (a copy only if ``x`` is not contiguous) and restores ``x``'s leading dims."""
         self._check_call(x, scale, scale_ub, kernel=True)
         if scale is not None and scale.numel() != 1:

@@ -1,35 +1,31 @@
 """``rms_norm_quant_fp8``: RMSNorm fused with dynamic per-token fp8 quantization.
 
-A plain function, not a ``CustomOp`` (no enable switch): it always calls the
-``customop::rms_norm_dynamic_per_token_fp8_quant`` entry point, after loading the platform's
-backend so a device kernel is registered. Its reference, and the spec, is the composition
-``RMSNorm`` (research/op-semantics.md D.2, rounded to ``x.dtype``) then ``QuantFP8`` dynamic
-per-token (D.4); a fused kernel saves writing and re-reading the normalised activations.
-On the CPU the composition runs compiled (one fused kernel, rounding as the spec does) above
-QuantFP8's ``CPU_COMPILE_MIN_NUMEL`` elements.
+A plain function, not a ``CustomOp`` (vLLM has no enable switch for it either). Its spec is the
+composition ``RMSNorm`` (rounded to ``x.dtype``) then ``QuantFP8`` dynamic per-token; a fused
+kernel saves writing and re-reading the normalised activations. CPU tensors take the CPU tiers
+(the composition compiled with eager's casts above QuantFP8's threshold); other tensors call
+``customop::rms_norm_dynamic_per_token_fp8_quant``, whose device kernel the platform's backend
+registers (loaded here on first use, as an op's construction would).
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+import dataclasses
 
 import torch
 
-from customop.backend_loader import load_backend
-from customop.backends.cpu import EMULATE_CASTS, compiled
+from customop.backend_loader import load_platform_backend
+from customop.backends.cpu import run_tiered
 from customop.math import quant as qm
 from customop.math.fp8 import fp8_max, fp8_min_scale
-from customop.ops.quantization.input_quant_fp8 import _worth_compiling
+from customop.ops.quantization.input_quant_fp8 import QUANT_CPU_TIERS
 from customop.platforms import current_platform
 
 
-@functools.cache
-def _compiled_composition() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """The composition compiled with ``emulate_precision_casts``: inside one fused kernel Inductor
-    otherwise keeps the RMSNorm result in float32 instead of rounding it to ``x.dtype`` first, and
-    the fp8 values drift from the spec (63k of 4M differed by one fp8 step at 512x8192 bf16)."""
-    return compiled(qm.rms_norm_dynamic_per_token_fp8_quant, **EMULATE_CASTS)
+#: Compiled with ``emulate_precision_casts``: inside one fused kernel Inductor otherwise keeps the
+#: RMSNorm result in float32 instead of rounding it to ``x.dtype`` first, and the fp8 values
+#: drift from the spec (63k of 4M differed by one fp8 step at 512x8192 bf16).
+CPU_TIERS = dataclasses.replace(QUANT_CPU_TIERS, emulate_casts=True)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor | None, scale_ub: torch.Tensor | None) -> None:
@@ -51,18 +47,11 @@ def rms_norm_quant_fp8(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
     """``(q, scale)`` = dynamic per-token fp8 quant of ``RMSNorm(x) * weight``; ``scale`` has shape
     ``x.shape[:-1] + (1,)``; the fp8 dtype is the platform's."""
     _check(x, weight, scale_ub)
-    platform = current_platform()
-    fp8 = platform.fp8_dtype()
+    fp8 = current_platform().fp8_dtype()
     args = (weight, eps, scale_ub, fp8, fp8_max(fp8), fp8_min_scale(fp8))
-    if platform.is_cpu():
-        if not _worth_compiling(x):
-            return qm.rms_norm_dynamic_per_token_fp8_quant(x, *args)
-        x = x.view(x.shape)  # a fresh view with dynamic dims: one graph serves every size
-        torch._dynamo.maybe_mark_dynamic(x, 0)
-        torch._dynamo.maybe_mark_dynamic(x, x.dim() - 1)
-        return _compiled_composition()(x, *args)
-    if platform.backend is not None and platform.backend_unavailable() is None:
-        load_backend(platform.backend)  # registers the device kernels (cached: traceable)
+    if x.device.type == "cpu":
+        return run_tiered(CPU_TIERS, qm.rms_norm_dynamic_per_token_fp8_quant, x, *args)
+    load_platform_backend()  # registers the device kernels (cached: traceable)
     lead, hidden = x.shape[:-1], x.shape[-1]
     q, scale = torch.ops.customop.rms_norm_dynamic_per_token_fp8_quant(x.reshape(-1, hidden).contiguous(), *args)
     return q.view(x.shape), scale.view(lead + (1,))

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import torch
 
+from customop.backends.cpu import CpuTiers, run_tiered
 from customop.custom_op import CustomOp
 from customop.math import rotary as common
-from customop.backend_loader import load_backend
 
 Tensor = torch.Tensor
 
-#: Inputs with fewer elements run eager on the CPU. This op is only ~8 ATen ops eagerly, so the
-#: compiled call's guards and checks (~20 us) pay off from about 4-8 tokens of 32 heads x 128
-#: (16-32k elements; benchmarks/results/cpu_rotary.md); below that eager is 2-4 us faster.
-CPU_COMPILE_MIN_NUMEL = 32768
+#: On the CPU this op is only ~8 ATen ops eagerly, so the compiled call's guards (~20 us) pay off
+#: from about 4-8 tokens of 32 heads x 128 (16-32k elements; benchmarks/results/cpu_rotary.md);
+#: below that eager is 2-4 us faster.
+APPLY_ROTARY_CPU_TIERS = CpuTiers(32768, rows=False, dynamic=False)
 
 
 def _check_apply_inputs(x: Tensor, cos: Tensor, sin: Tensor) -> None:
@@ -44,6 +44,8 @@ class ApplyRotaryEmb(CustomOp):
     ``enable_fp32_compute`` rotates in fp32 and casts back to ``x``'s dtype.
     """
 
+    cpu_tiers = APPLY_ROTARY_CPU_TIERS
+
     def __init__(self, enforce_enable: bool = False, is_neox_style: bool = True,
                  enable_fp32_compute: bool = False) -> None:
         super().__init__(enforce_enable=enforce_enable)
@@ -54,28 +56,22 @@ class ApplyRotaryEmb(CustomOp):
         return common.apply_rotary_emb(x, cos, sin, self.is_neox_style, self.enable_fp32_compute)
 
     def forward_cpu(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """Compiled native math (``customop.backends.cpu.compiled``); small inputs run the eager
-        spec as is (no checks either: they would cost more than the math saves)."""
-        if x.numel() < CPU_COMPILE_MIN_NUMEL or torch.compiler.is_compiling():
-            return common.apply_rotary_emb(x, cos, sin, self.is_neox_style, self.enable_fp32_compute)
         _check_apply_inputs(x, cos, sin)
-        from customop.backends.cpu import compiled
-
-        return compiled(common.apply_rotary_emb)(x, cos, sin, self.is_neox_style, self.enable_fp32_compute)
+        return run_tiered(self.cpu_tiers, common.apply_rotary_emb, x, cos, sin, self.is_neox_style,
+                          self.enable_fp32_compute)
 
     def forward_cuda(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        load_backend("cuda")
-        return self._forward_kernel(x, cos, sin)
+        return self.forward_kernel(x, cos, sin)
 
-    def forward_xpu(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        load_backend("xpu")
-        return self._forward_kernel(x, cos, sin)
+    forward_xpu = forward_tpu = forward_cuda
 
-    def _forward_kernel(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward_kernel(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """One kernel for the whole family: a copy of ``x`` is rotated in place by
         ``customop::rotary_embedding`` with ``cat(cos, sin)`` as the cache and position ``s`` for
         every token of sequence index ``s``."""
         _check_apply_inputs(x, cos, sin)
+        if torch.is_grad_enabled() and x.requires_grad:
+            return self.forward_native(x, cos, sin)  # the kernel rotates in place: no backward
         dtype = torch.float32 if self.enable_fp32_compute else x.dtype
         seq_len, head_size = x.shape[-3], x.shape[-1]
         positions = torch.arange(seq_len, device=x.device).expand(*x.shape[:-3], seq_len).flatten()

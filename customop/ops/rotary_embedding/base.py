@@ -4,9 +4,9 @@ The scaling variants (linear, dynamic NTK, YaRN, Llama-3, DeepSeek-YaRN) are unr
 subclasses that only override ``_compute_inv_freq`` / ``_compute_cos_sin_cache``; they share the
 ``rotary_embedding`` enable name and every forward path.
 
-In-place contract: ``forward_native`` (and ``forward_cpu``, ``forward_tpu``) return NEW tensors
-and leave ``query``/``key`` untouched; the kernel paths (``forward_cuda``, ``forward_hip``,
-``forward_xpu``) rotate ``query`` and ``key`` IN PLACE and return those same objects. Callers
+In-place contract: ``forward_native`` (and ``forward_cpu``) return NEW tensors and leave
+``query``/``key`` untouched; the kernel paths (``forward_cuda``, ``forward_hip``, ``forward_xpu``,
+``forward_tpu``) rotate ``query`` and ``key`` IN PLACE and return those same objects. Callers
 must use the returned tensors and must not rely on either behaviour.
 """
 
@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import torch
 
-from customop.backend_loader import load_backend
+from customop.backends.cpu import CpuTiers, run_tiered
 from customop.custom_op import CustomOp
 from customop.math import rotary as common
 
 Tensor = torch.Tensor
 
-#: Token counts below this run eager on the CPU. Compiled code won from a single token on
-#: (1 token, 32+8 heads of 128: ~20 us vs ~45 us eager; eager runs ~15 ATen ops, the compiled
-#: function one fused loop), so only empty inputs stay eager (benchmarks/results/cpu_rotary.md).
-CPU_COMPILE_MIN_TOKENS = 1
+#: On the CPU, compiled code won from a single token on (1 token, 32+8 heads of 128: ~20 us vs
+#: ~45 us eager; eager runs ~15 ATen ops, the compiled function one fused loop), so only empty
+#: inputs stay eager (benchmarks/results/cpu_rotary.md). Tiered on the positions' count.
+ROTARY_CPU_TIERS = CpuTiers(1, rows=False, dynamic=False)
 
 
 def buffer_like(module: torch.nn.Module, name: str, query: Tensor) -> Tensor:
@@ -55,6 +55,8 @@ class RotaryEmbedding(CustomOp):
     moved and cast to the query's device and dtype on first use, outside compiled regions.
     See the module docstring for the in-place contract.
     """
+
+    cpu_tiers = ROTARY_CPU_TIERS
 
     def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float,
                  is_neox_style: bool, dtype: torch.dtype, init_cache: bool = True) -> None:
@@ -92,37 +94,27 @@ class RotaryEmbedding(CustomOp):
 
     def forward_cpu(self, positions: Tensor, query: Tensor,
                     key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Compiled native math (``customop.backends.cpu.compiled``); NEW tensors."""
+        """Compiled native math; NEW tensors."""
         cache = self._cache_for(query)
         common.check_rotary_inputs("rotary_embedding", positions, query, key, self.head_size, cache)
-        fn = common.rotary_embedding
-        if positions.numel() >= CPU_COMPILE_MIN_TOKENS and not torch.compiler.is_compiling():
-            from customop.backends.cpu import compiled
-
-            fn = compiled(common.rotary_embedding)
-        return fn(positions, query, key, self.head_size, cache, self.is_neox_style)
+        return run_tiered(self.cpu_tiers, common.rotary_embedding, positions, query, key, self.head_size, cache,
+                          self.is_neox_style)
 
     def forward_cuda(self, positions: Tensor, query: Tensor,
                      key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Rotates ``query`` and ``key`` IN PLACE with the CUDA kernel and returns them."""
-        load_backend("cuda")
-        return self._forward_kernel(positions, query, key)
+        return self.forward_kernel(positions, query, key)
 
-    def forward_xpu(self, positions: Tensor, query: Tensor,
-                    key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Rotates ``query`` and ``key`` IN PLACE with the XPU kernel and returns them."""
-        load_backend("xpu")
-        return self._forward_kernel(positions, query, key)
+    forward_xpu = forward_tpu = forward_cuda
 
-    def forward_tpu(self, positions: Tensor, query: Tensor,
-                    key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Pallas kernel through torch_xla; NEW tensors (query and key stay untouched)."""
-        return load_backend("tpu").torch_ops.rotary_embedding(positions, query, key, self.head_size, self._cache_for(query), self.is_neox_style)
-
-    def _forward_kernel(self, positions: Tensor, query: Tensor,
-                        key: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    def forward_kernel(self, positions: Tensor, query: Tensor,
+                       key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Rotates ``query`` and ``key`` IN PLACE with ``torch.ops.customop.rotary_embedding`` and
+        returns them; while autograd records for them, ``forward_native`` (NEW tensors) runs
+        instead: torch attaches no backward to an in-place op."""
         cache = self._cache_for(query)
         common.check_rotary_inputs("rotary_embedding", positions, query, key, self.head_size, cache)
+        if torch.is_grad_enabled() and (query.requires_grad or (key is not None and key.requires_grad)):
+            return self.forward_native(positions, query, key)
         torch.ops.customop.rotary_embedding(positions, query, key, self.head_size, cache, self.is_neox_style)
         return query, key
 

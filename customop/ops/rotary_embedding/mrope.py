@@ -93,4 +93,3 @@ class MRotaryEmbedding(RotaryEmbedding):
 
     # Native everywhere: these names replace RotaryEmbedding's kernel paths.
     forward_cpu = forward_cuda = forward_hip = forward_xpu = forward_tpu = forward_native
-    forward_tpu = forward_native
