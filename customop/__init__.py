@@ -4,6 +4,14 @@
 customop never probes devices or imports an optional backend.
 """
 
+import warnings
+
+# numpy is optional here (not a dependency of the core install), and torch warns at import time
+# when it is absent; nothing in customop needs numpy, so that one warning is noise.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+    import torch  # noqa: F401
+
 from customop.config import CompilationMode, Config, get_config, set_config, use_config
 from customop.custom_op import CustomOp
 from customop.platforms import Platform, PlatformEnum

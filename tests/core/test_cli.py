@@ -197,8 +197,6 @@ def test_progress_bar_only_on_a_terminal():
     assert "\r[" in drawn and "1/1 done" in drawn
 
 
-@pytest.mark.xfail(strict=True, reason="torch warns inside `import torch`, which customop/__init__.py runs "
-                   "before the CLI module: the filter has to go there (issue 17, point 7)")
 def test_no_numpy_warning_without_numpy(tmp_path):
     # a numpy that fails to import, as in the core install (which has none)
     (tmp_path / "numpy").mkdir()
