@@ -1,6 +1,6 @@
 """CustomOp: one LLM layer op with a readable native spec and a forward per platform.
 
-The path of one call (DESIGN.md section 2):
+The path of one call (docs/design.md, "The path of one call"):
 
 1. ``RMSNorm(4096)``: ``__new__`` builds the out-of-tree replacement instead, if one is registered.
 2. ``__init__`` resolves the forward method once: disabled ops run ``forward_native`` (optionally

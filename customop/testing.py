@@ -28,7 +28,7 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     # fp16 ulp is 2^-10 (9.8e-4): two ulps relative; intermediates rounded to fp16 near zero.
     torch.float16: (1e-3, 2e-3),
     # bf16 ulp is 2^-7 (7.8e-3) at 1.0; 2 ulps relative. The Triton interpreter truncates
-    # fp32->bf16 (research/kernel-testing-on-cpu.md), which is still within one ulp.
+    # fp32->bf16 instead of rounding it, which is still within one ulp.
     torch.bfloat16: (1e-2, 1.6e-2),
     # fp8 outputs are compared dequantized: e4m3 has 3 mantissa bits, one ulp is 2^-3 relative.
     torch.float8_e4m3fn: (1e-2, 0.125),

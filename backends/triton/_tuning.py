@@ -2,7 +2,7 @@
 
 Never autotuned at run time: autotuning benchmarks on the first call of each shape (a host sync,
 seconds of warm-up, results that differ between runs) and cannot run under the interpreter
-(research/kernel-testing-on-cpu.md). The tables are plain data; ``override`` lets the benchmark
+(several configs need a driver to time them). The tables are plain data; ``override`` lets the benchmark
 runner's ``--sweep`` time alternatives, and its results are how the numbers here get changed.
 
 Config kinds:

@@ -1,5 +1,5 @@
 """The activations' math: the spec that each activation op's ``forward_native`` runs (vLLM's
-native paths, research/op-semantics.md D.1), in the input dtype. ``customop.ops.activation``
+native paths), in the input dtype. ``customop.ops.activation``
 re-exports every function here.
 """
 

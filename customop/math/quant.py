@@ -1,4 +1,4 @@
-"""The fp8 quantization spec: pure PyTorch functions, one per mode (research/op-semantics.md D.4).
+"""The fp8 quantization spec: pure PyTorch functions, one per mode, as vLLM computes them.
 
 Notation: ``MAX`` = ``fp8_max`` (448 e4m3fn, 224 e4m3fnuz), ``MIN_SCALE`` = ``min_scale``
 (``1/(MAX*512)``), ``H`` = ``x.shape[-1]``. Every scale is float32. Rounding order matters and is

@@ -1,4 +1,4 @@
-"""The custom_ops grammar (op-semantics.md B.2-B.4 plus DESIGN.md section 3's comma forms)."""
+"""The custom_ops grammar: vLLM's tokens, precedence and defaults, plus the comma forms (docs/design.md)."""
 
 import logging
 
