@@ -51,6 +51,9 @@ def parse_custom_ops(custom_ops: list[str] | tuple[str, ...] | str) -> tuple[str
     """
     if isinstance(custom_ops, str):
         custom_ops = [custom_ops] if custom_ops.strip() else []
+    if not isinstance(custom_ops, (list, tuple)) or not all(isinstance(e, str) for e in custom_ops):
+        raise TypeError(f"custom_ops must be a list of strings such as ['none', '+rms_norm'] (or one "
+                        f"comma-separated string), got {custom_ops!r}")
     tokens = tuple(part.strip() for element in custom_ops for part in str(element).split(","))
     for token in tokens:
         if token not in _BASE_MODES and not _OP_TOKEN.match(token):
@@ -135,9 +138,18 @@ _global: Config | None = None
 _from_env: tuple[str, Config] | None = None
 
 
+def _require_config(where: str, config: object, allow_none: bool) -> None:
+    if isinstance(config, Config) or (allow_none and config is None):
+        return
+    expected = "a customop.Config or None" if allow_none else "a customop.Config"
+    hint = f"; write {where}(Config(custom_ops={config!r}))" if isinstance(config, (str, list)) else ""
+    raise TypeError(f"{where} takes {expected}, got {config!r}{hint}")
+
+
 def set_config(config: Config | None) -> None:
     """Sets the process-wide config (``None`` goes back to the environment default)."""
     global _global
+    _require_config("set_config", config, allow_none=True)
     _global = config
 
 
@@ -162,7 +174,17 @@ def _env_config() -> Config:
 
 @contextlib.contextmanager
 def use_config(config: Config) -> Iterator[Config]:
-    """Makes ``config`` current inside the block (thread- and task-local)."""
+    """Makes ``config`` current inside the block.
+
+    The scope is a ``contextvars`` context: it follows the current thread and asyncio task, but
+    threads (and pool workers) started inside the block do NOT inherit it. Build ops in the
+    block, or run workers under a copy of the context::
+
+        with use_config(cfg):
+            ctx = contextvars.copy_context()
+            pool.submit(ctx.run, build_model)
+    """
+    _require_config("use_config", config, allow_none=False)
     token = _scoped.set(config)
     try:
         yield config

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -32,6 +33,16 @@ FALLBACK_CHAIN: dict[str, str] = {"forward_hip": "forward_cuda"}
 PLATFORM_METHODS = ("forward_cuda", "forward_hip", "forward_xpu", "forward_tpu", "forward_cpu", "forward_oot")
 
 _warned: set[str] = set()
+
+#: Serialises every registry write: check-then-store must be atomic, or two threads registering
+#: under one key could both "succeed" and one registration would be lost. Readers iterate over a
+#: copy (``dict.copy`` is atomic), so a concurrent registration never breaks an iteration.
+_registry_lock = threading.RLock()
+
+
+def _check_op_name(where: str, name: object) -> None:
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"CustomOp.{where}: op name must be a Python identifier such as 'rms_norm', got {name!r}")
 
 
 def _warn_once(key: str, msg: str, *args: Any) -> None:
@@ -187,14 +198,22 @@ class CustomOp(nn.Module):
     def register(cls, name: str) -> Callable[[type[CustomOp]], type[CustomOp]]:
         """Class decorator: registers an in-tree op under ``name`` and sets ``cls.name``."""
 
+        _check_op_name("register", name)
+
         def decorator(op_cls: type[CustomOp]) -> type[CustomOp]:
             if not (isinstance(op_cls, type) and issubclass(op_cls, CustomOp)):
                 raise TypeError(f"CustomOp.register({name!r}) decorates CustomOp subclasses, got {op_cls!r}")
-            existing = CustomOp.op_registry.get(name)
-            if existing is not None and existing is not op_cls:
-                raise ValueError(f"CustomOp.register: op name {name!r} is taken by {existing.__qualname__}")
-            op_cls.name = name
-            CustomOp.op_registry[name] = op_cls
+            with _registry_lock:
+                existing = CustomOp.op_registry.get(name)
+                if existing is not None and existing is not op_cls:
+                    raise ValueError(f"CustomOp.register: op name {name!r} is taken by {existing.__qualname__}")
+                own_name = op_cls.__dict__.get("name")
+                if own_name is not None and own_name != name and CustomOp.op_registry.get(own_name) is op_cls:
+                    # one class, one enable name: "-a" must keep disabling it
+                    raise ValueError(f"CustomOp.register: {op_cls.__qualname__} is already op {own_name!r}; "
+                                     f"it cannot also be {name!r} (subclass it for a second name)")
+                op_cls.name = name
+                CustomOp.op_registry[name] = op_cls
             return op_cls
 
         return decorator
@@ -229,7 +248,8 @@ class CustomOp(nn.Module):
             key = name if name is not None else (None if cls is CustomOp else cls.__name__)
             if key is None:
                 raise TypeError("CustomOp.register_oot needs name= when called on CustomOp itself")
-            CustomOp._store_oot(CustomOp.resolve_op_name(key), op_cls, override)
+            with _registry_lock:
+                CustomOp._store_oot(CustomOp.resolve_op_name(key), op_cls, override)
             return op_cls
 
         if _decorated_op_cls is None:
@@ -241,10 +261,11 @@ class CustomOp(nn.Module):
         if not issubclass(op_cls, CustomOp):
             raise TypeError(f"CustomOp.register_oot: {op_cls.__qualname__} must subclass CustomOp")
         own_name = op_cls.__dict__.get("name")
-        if own_name is not None and own_name != op_name:
+        replaced = [n for n, c in CustomOp.op_registry_oot.items() if c is op_cls and n != op_name]
+        if (own_name is not None and own_name != op_name) or replaced:
             raise ValueError(
-                f"CustomOp.register_oot: {op_cls.__qualname__} is already op {own_name!r}; "
-                f"it cannot also replace {op_name!r}"
+                f"CustomOp.register_oot: {op_cls.__qualname__} is already op {own_name or replaced[0]!r}; "
+                f"it cannot also replace {op_name!r} (one class keeps one enable name: register a subclass)"
             )
         existing = CustomOp.op_registry_oot.get(op_name)
         if existing is op_cls:
@@ -261,17 +282,19 @@ class CustomOp(nn.Module):
     @staticmethod
     def unregister_oot(key: str) -> type[CustomOp] | None:
         """Removes the replacement registered under ``key`` (class or op name); returns it."""
-        return CustomOp.op_registry_oot.pop(CustomOp.resolve_op_name(key), None)
+        with _registry_lock:
+            return CustomOp.op_registry_oot.pop(CustomOp.resolve_op_name(key), None)
 
     @staticmethod
     def resolve_op_name(key: str) -> str:
         """Maps an op name or an in-tree class name to the registered op name."""
-        if key in CustomOp.op_registry:
+        registry = CustomOp.op_registry.copy()  # a snapshot: another thread may register meanwhile
+        if key in registry:
             return key
-        for op_name, op_cls in CustomOp.op_registry.items():
+        for op_name, op_cls in registry.items():
             if op_cls.__name__ == key:
                 return op_name
-        known = sorted(CustomOp.op_registry) + sorted(c.__name__ for c in CustomOp.op_registry.values())
+        known = sorted(registry) + sorted(c.__name__ for c in registry.values())
         close = difflib.get_close_matches(key, known, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise KeyError(f"CustomOp: no registered op or class named {key!r}{hint}")

@@ -226,11 +226,18 @@ _lock = threading.Lock()
 _current: Platform | None = None
 
 
-def _load_class(path: str) -> type[Platform]:
+def _load_class(path: object, plugin: str) -> type[Platform]:
+    """The Platform subclass a platform plugin named by its ``"module:Class"`` path."""
+    where = f"platform plugin {plugin!r} (entry-point group {plugins.PLATFORM_PLUGINS_GROUP!r})"
+    if not isinstance(path, str):
+        raise TypeError(f"{where} returned {path!r}; it must return a 'module:Class' path string or None")
     module, _, attr = path.replace(":", ".").rpartition(".")
-    cls = getattr(importlib.import_module(module), attr)
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise RuntimeError(f"{where} returned {path!r}, which cannot be loaded: {err}") from err
     if not (isinstance(cls, type) and issubclass(cls, Platform)):
-        raise TypeError(f"platform plugin returned {path!r}, which is not a customop Platform subclass")
+        raise TypeError(f"{where} returned {path!r}, which is not a customop Platform subclass")
     return cls
 
 
@@ -260,7 +267,7 @@ def _forced(name: str) -> Platform:
     path = fns[name]()
     if not path:
         raise RuntimeError(f"{ENV_PLATFORM}={name!r}: its platform plugin is not active on this machine")
-    return _load_class(path)()
+    return _load_class(path, name)()
 
 
 def detect() -> Platform:
@@ -272,7 +279,8 @@ def detect() -> Platform:
     if len(activated) > 1:
         raise RuntimeError(f"only one platform plugin can be active, found {sorted(activated)}")
     if activated:
-        return _load_class(next(iter(activated.values())))()
+        (name, path), = activated.items()
+        return _load_class(path, name)()
     for name in _DETECTION_ORDER:
         cls = BUILTIN_PLATFORMS[name]
         if cls.is_present():

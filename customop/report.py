@@ -21,7 +21,7 @@ class DispatchRow:
 
 def list_ops() -> list[str]:
     """The registered op names, sorted."""
-    return sorted(CustomOp.op_registry)
+    return sorted(CustomOp.op_registry.copy())  # a snapshot: registration may run in another thread
 
 
 def dispatch_report(config: Config | None = None, platform: Platform | None = None) -> list[DispatchRow]:
