@@ -271,3 +271,35 @@ def assert_conforms(op_cls: type, platform: Any = None, dtypes: Sequence[torch.d
                 for label, dtype, _m, _e, err in run_conformance(op_cls, platform, dtypes, device, seed) if err]
     if failures:
         raise AssertionError(f"{op_cls.__qualname__} does not conform:\n" + "\n".join(failures))
+
+
+#: The paths a bad input is sent through here: the spec, the CPU tiers, and the accelerator
+#: call (``forward_kernel``: its validation runs before the kernel, on any device's tensors).
+ERROR_PATHS = ("forward_native", "forward_cpu", "forward_kernel")
+
+
+def assert_same_error(op: Any, args: Sequence[Any], error: type[BaseException], match: str,
+                      kwargs: dict[str, Any] | None = None) -> list[str]:
+    """Sends one bad input through every path ``op`` has here and asserts each raises ``error``
+    with a message matching ``match`` (a regex), never a result. Returns the paths checked."""
+    import re
+
+    checked = []
+    for path in ERROR_PATHS:
+        method = getattr(op, path, None)
+        if method is None:
+            continue
+        try:
+            method(*_clone(tuple(args)), **(kwargs or {}))
+        except error as err:
+            if not re.search(match, str(err)):
+                raise AssertionError(f"{type(op).__name__}.{path}: {error.__name__} {str(err)!r} does not match "
+                                     f"{match!r}") from err
+        except Exception as err:  # noqa: BLE001  (any other exception is the failure being reported)
+            raise AssertionError(f"{type(op).__name__}.{path} raised {type(err).__name__}: {err}; "
+                                 f"expected {error.__name__} matching {match!r}") from err
+        else:
+            raise AssertionError(f"{type(op).__name__}.{path} returned a result for a bad input; "
+                                 f"expected {error.__name__} matching {match!r}")
+        checked.append(path)
+    return checked

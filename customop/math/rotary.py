@@ -94,7 +94,7 @@ def cache_length(max_position: int, scaling_factor: float = 1.0) -> int:
     return math.ceil(max_position * scaling_factor)
 
 
-# ---- input checks (kernel-facing paths only) --------------------------------------------------
+# ---- input checks (every path) --------------------------------------------------------------------
 
 
 def check_rotary_dims(op: str, head_size: int, rotary_dim: int) -> None:
@@ -126,3 +126,16 @@ def check_rotary_inputs(op: str, positions: Tensor, query: Tensor, key: Tensor |
             raise ValueError(f"{op}: {name} is on {x.device} but positions is on {positions.device}")
     if key is not None and key.dtype != query.dtype:
         raise TypeError(f"{op}: key dtype {key.dtype} differs from query dtype {query.dtype}")
+    check_positions_in_range(op, positions, cos_sin_cache.shape[0])
+
+
+def check_positions_in_range(op: str, positions: Tensor, cache_rows: int) -> None:
+    """Positions index the cache, so each must be in ``[0, cache_rows)``. Checked on CPU tensors
+    outside compiled code, where reading them costs no device sync and breaks no graph; a device
+    kernel does not check them (that would cost a host sync per call)."""
+    if positions.device.type != "cpu" or positions.numel() == 0 or torch.compiler.is_compiling():
+        return
+    low, high = torch.aminmax(positions)
+    if low < 0 or high >= cache_rows:
+        raise IndexError(f"{op}: positions must be in [0, {cache_rows}) (the cos/sin cache's rows), "
+                         f"got values from {int(low)} to {int(high)}")

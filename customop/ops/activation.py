@@ -26,7 +26,7 @@ from customop.math.activation import (  # noqa: F401  (the spec, re-exported her
     silu_and_mul, swigluoai_and_mul, swigluoai_on_halves, xielu,
 )
 
-# ---- input checks for the kernel-facing paths -------------------------------------------------
+# ---- input checks (every path; the kernels also need contiguity) --------------------------
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU_DTYPES = (*_KERNEL_DTYPES, torch.float64)
@@ -105,6 +105,7 @@ class _Activation(CustomOp):
         return ", ".join(f"{field}={getattr(self, field)!r}" for field in self.repr_fields)
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        _check_input(self.name, x, gated=self.gated, dtypes=_CPU_DTYPES, contiguous=False)
         return type(self).math_fn(x, *self.math_args())
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:

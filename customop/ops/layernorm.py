@@ -20,7 +20,7 @@ from customop.math.layernorm import (  # noqa: F401  (the spec, re-exported here
     fused_add_rms_norm, gemma_fused_add_rms_norm, gemma_rms_norm, rms_norm, rms_norm_gated,
 )
 
-# ---- input checks (kernel-facing paths) ------------------------------------------------------
+# ---- input checks (every path) -------------------------------------------------------------
 
 
 def _check_float(op: str, arg: str, t: torch.Tensor) -> None:
@@ -117,11 +117,13 @@ class RMSNorm(CustomOp):
     cpu_tiers = RMS_NORM_CPU_TIERS
 
     def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
         if residual is None:
             return rms_norm(x, self.weight, self.eps, self.variance_size_override)
         return fused_add_rms_norm(x, residual, self.weight, self.eps, self.variance_size_override)
 
     def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
         if residual is None:
             return run_tiered(self.cpu_tiers, rms_norm, x, self.weight, self.eps, self.variance_size_override,
                               eager=eager.rms_norm)
@@ -169,11 +171,13 @@ class GemmaRMSNorm(CustomOp):
         self.weight = nn.Parameter(torch.zeros(hidden_size))
 
     def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
         if residual is None:
             return gemma_rms_norm(x, self.weight, self.eps)
         return gemma_fused_add_rms_norm(x, residual, self.weight, self.eps)
 
     def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
         if residual is None:
             return run_tiered(self.cpu_tiers, gemma_rms_norm, x, self.weight, self.eps, eager=eager.gemma_rms_norm)
         return run_tiered(self.cpu_tiers, gemma_fused_add_rms_norm, x, residual, self.weight, self.eps,
@@ -236,9 +240,11 @@ class RMSNormGated(CustomOp):
         return (x, self.weight, z, self.eps, self.group_size, self.norm_before_gate, _GATE_ACTIVATIONS[self.activation])
 
     def forward_native(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"z": z})
         return rms_norm_gated(*self._args(x, z))
 
     def forward_cpu(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"z": z})
         return run_tiered(self.cpu_tiers, rms_norm_gated, *self._args(x, z))
 
     def forward_cuda(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:

@@ -152,12 +152,15 @@ def test_kernel_path_is_in_place(platform, kv_heads):
     assert torch.equal(out_q, native_q) and (k is None or torch.equal(out_k, native_k))
 
 
-def test_cache_follows_query_device_and_dtype():
+def test_cache_follows_query_dtype_without_degrading_the_shared_fp32_cache():
     op = build(RotaryEmbedding, 64, 64, MAX_POS, 10000.0, True, torch.float32)
     assert "cos_sin_cache" in op._buffers and "cos_sin_cache" not in op.state_dict()
-    positions, q, k = make_inputs(3, 2, 1, 64, torch.bfloat16)
-    op(positions, q, k)
-    assert op.cos_sin_cache.dtype == torch.bfloat16 and "cos_sin_cache" not in op.state_dict()
+    positions, q, k = make_inputs(3, 2, 1, 64, torch.float32)
+    before = op.forward_native(positions, q, k)
+    op.forward_native(positions, q.bfloat16(), k.bfloat16())  # a bf16 caller of the same instance
+    assert op.cos_sin_cache.dtype == torch.float32 and "cos_sin_cache" not in op.state_dict()
+    after = op.forward_native(positions, q, k)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
 
 
 # ---- input checks ------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ SCHEMAS = {
 def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor | None, head_size: int,
                      cos_sin_cache: Tensor, is_neox: bool) -> None:
     """In place: ``query``/``key`` <- RoPE of themselves at ``positions``."""
+    _math.check_rotary_inputs("customop::rotary_embedding", positions, query, key, head_size, cos_sin_cache)
     new_query, new_key = _math.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
     query.copy_(new_query)
     if key is not None:

@@ -27,15 +27,20 @@ ROTARY_CPU_TIERS = CpuTiers(1, rows=False, dynamic=False)
 
 
 def buffer_like(module: torch.nn.Module, name: str, query: Tensor) -> Tensor:
-    """Buffer ``name`` on the query's device and dtype. Outside compiled regions the buffer itself
-    is replaced (once); inside, Dynamo must not mutate the module, so the cast stays local."""
+    """Buffer ``name`` on the query's device and dtype. The buffer itself is never replaced: a
+    bf16 call must not degrade the fp32 cache that a shared (``get_rope``) instance gives fp32
+    callers. Converted copies are kept per (device, dtype), made outside compiled regions."""
     cache = getattr(module, name)
     if cache.device == query.device and cache.dtype == query.dtype:
         return cache
-    cache = cache.to(query.device, dtype=query.dtype)
+    variants = module.__dict__.get("_buffer_variants")
+    key = (name, query.device, query.dtype)
+    if variants is not None and key in variants and variants[key][0] is cache:
+        return variants[key][1]
+    converted = cache.to(query.device, dtype=query.dtype)
     if not torch.compiler.is_compiling():
-        setattr(module, name, cache)  # nn.Module keeps it a (non-persistent) buffer
-    return cache
+        module.__dict__.setdefault("_buffer_variants", {})[key] = (cache, converted)
+    return converted
 
 
 @CustomOp.register("rotary_embedding")
@@ -89,8 +94,9 @@ class RotaryEmbedding(CustomOp):
     def forward_native(self, positions: Tensor, query: Tensor,
                        key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Returns NEW rotated tensors; ``query`` and ``key`` are left untouched."""
-        return common.rotary_embedding(positions, query, key, self.head_size, self._cache_for(query),
-                                       self.is_neox_style)
+        cache = self._cache_for(query)
+        common.check_rotary_inputs("rotary_embedding", positions, query, key, self.head_size, cache)
+        return common.rotary_embedding(positions, query, key, self.head_size, cache, self.is_neox_style)
 
     def forward_cpu(self, positions: Tensor, query: Tensor,
                     key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
