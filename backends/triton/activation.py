@@ -21,7 +21,7 @@ from customop.backends.triton._common import (
 
 # Activation codes (the kernels' ACT constexpr). Globals read inside @triton.jit code must be
 # tl.constexpr objects; launchers pass ``.value``.
-SILU, GELU, GELU_TANH, FATRELU = (tl.constexpr(i) for i in range(4))
+SILU, GELU, GELU_TANH, FATRELU, SWIGLUSTEP = (tl.constexpr(i) for i in range(5))
 GELU_NEW, GELU_FAST, QUICK_GELU, RELU2, XIELU = (tl.constexpr(i) for i in range(10, 15))
 
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
@@ -29,20 +29,23 @@ _GELU_FAST_C = tl.constexpr(0.7978845608)  # gelu_fast's spec inlines the consta
 
 
 @triton.jit
-def _gate_act(a, threshold, ACT: tl.constexpr):
+def _gate_act(a, param, ACT: tl.constexpr):
+    # param: fatrelu's threshold or swiglustep's limit
     if ACT == SILU:
         return silu(a)
     elif ACT == GELU:
         return gelu_erf(a)
     elif ACT == GELU_TANH:
         return gelu_tanh(a, _SQRT_2_OVER_PI)
+    elif ACT == SWIGLUSTEP:
+        return tl.minimum(silu(a), param)
     else:  # FATRELU
-        return tl.where(a > threshold, a, 0.0)
+        return tl.where(a > param, a, 0.0)
 
 
 @triton.jit
 def _and_mul_kernel(
-    x_ptr, out_ptr, n_rows, d, x_stride, out_stride, gate_offset, up_offset, threshold,
+    x_ptr, out_ptr, n_rows, d, x_stride, out_stride, gate_offset, up_offset, param,
     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # tiles of the [n_rows, d] output, row-major (column block fastest): the programs in flight
@@ -55,7 +58,9 @@ def _and_mul_kernel(
     x_row = x_ptr + rows[:, None] * x_stride + cols[None, :]
     a = tl.load(x_row + gate_offset, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     b = tl.load(x_row + up_offset, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    y = _gate_act(a, threshold, ACT) * b
+    if ACT == SWIGLUSTEP:
+        b = tl.minimum(tl.maximum(b, -param), param)
+    y = _gate_act(a, param, ACT) * b
     tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -190,11 +195,11 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
     return out
 
 
-def _and_mul(x: torch.Tensor, act: tl.constexpr, threshold: float = 0.0, gate_second: bool = False,
+def _and_mul(x: torch.Tensor, act: tl.constexpr, param: float = 0.0, gate_second: bool = False,
              config: _tuning.TileConfig | None = None) -> torch.Tensor:
     d = x.shape[-1] // 2
     gate_offset, up_offset = (d, 0) if gate_second else (0, d)
-    return _launch_tiles(_and_mul_kernel, x, config, gate_offset, up_offset, threshold, ACT=act.value)
+    return _launch_tiles(_and_mul_kernel, x, config, gate_offset, up_offset, param, ACT=act.value)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -216,7 +221,11 @@ def gelu_and_mul(x: torch.Tensor, approximate: str) -> torch.Tensor:
 
 
 def fatrelu_and_mul(x: torch.Tensor, threshold: float) -> torch.Tensor:
-    return _and_mul(x, FATRELU, threshold=threshold)
+    return _and_mul(x, FATRELU, param=threshold)
+
+
+def swiglustep_and_mul(x: torch.Tensor, limit: float) -> torch.Tensor:
+    return _and_mul(x, SWIGLUSTEP, param=limit)
 
 
 def swigluoai_and_mul(x: torch.Tensor, alpha: float, limit: float,
@@ -284,6 +293,7 @@ KERNELS = {
     "customop::gelu_and_mul_sparse": gelu_and_mul_sparse,
     "customop::fatrelu_and_mul": fatrelu_and_mul,
     "customop::swigluoai_and_mul": swigluoai_and_mul,
+    "customop::swiglustep_and_mul": swiglustep_and_mul,
     "customop::gelu_new": gelu_new,
     "customop::gelu_fast": gelu_fast,
     "customop::quick_gelu": quick_gelu,

@@ -11,7 +11,7 @@ drift on this shared VM hits all of them alike. The *best* round is reported, no
 other jobs on the VM preempt this one for whole scheduler slices (tens of ms; worse with 2
 OpenMP threads, where a parallel region waits for its descheduled partner), noise that only
 ever adds time. ``--threads 1`` gives steadier numbers on a busy VM. The table goes into
-benchmarks/results/cpu_activation.md and sets each op's ``cpu_compile_min_numel``. The "native op"
+benchmarks/results/cpu_activation.md and sets each op's ``cpu_tiers``. The "native op"
 column is the same op disabled (``forward_native`` through the module: what forward_cpu must not
 lose to at small sizes, where both pay nn.Module's call overhead).
 """
@@ -41,6 +41,7 @@ OPS: dict[str, Callable[..., torch.nn.Module]] = {  # (**CustomOp kwargs) -> op
     "gelu_and_mul_sparse(0.95)": lambda **kw: act.GeluAndMulSparse(0.95, **kw),
     "fatrelu_and_mul": lambda **kw: act.FatreluAndMul(0.1, **kw),
     "swigluoai_and_mul": act.SwigluOAIAndMul,
+    "swiglustep_and_mul": act.SwigluStepAndMul,
     "gelu_new": act.NewGELU,
     "gelu_fast": act.FastGELU,
     "quick_gelu": act.QuickGELU,
@@ -89,7 +90,7 @@ def bench_one(label: str, op: torch.nn.Module, native_op: torch.nn.Module, token
         "compile": lambda: static(x, *args),
         "forward_cpu": lambda: op(x),
     }, rounds)
-    path = "compiled" if x.numel() >= op._cpu_min_numel(x) else "eager"
+    path = "compiled" if x.numel() >= op.cpu_tiers.compile_from(x.dtype) else "eager"
     us = {k: v * 1e6 for k, v in t.items()}
     return (f"| {label} | {str(dtype).removeprefix('torch.')} | {tokens}x{tuple(x.shape)[-1]} | "
             f"{us['eager']:.1f} | {us['native_op']:.1f} | {us['compile']:.1f} | "

@@ -6,7 +6,7 @@ Dynamic per-token and per-group-128 quantization of bf16 activations to e4m3fn. 
 ``QuantFP8.forward_native``; ``compile`` is a separate ``torch.compile`` of the spec function
 ``quant_fp8`` (default settings: shapes become dynamic after the first recompile);
 ``forward_cpu`` is what an enabled QuantFP8 runs on this CPU (compiled above
-``CPU_COMPILE_MIN_NUMEL`` elements, eager below). The three are interleaved inside each round so
+``QUANT_CPU_TIERS`` elements, eager below). The three are interleaved inside each round so
 that drift in this shared VM's clock hits them alike; each cell shows the median and the best of
 the rounds, with GB/s counted as bytes read (x) + bytes written (q and scales). The table goes
 into benchmarks/results/cpu_quant.md.
@@ -69,7 +69,7 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"date {datetime.date.today()}  torch {torch.__version__}  threads {torch.get_num_threads()}  "
           f"cpu {platform.processor() or platform.machine()} ({os.cpu_count()} cores)  load average {load:.1f}  "
-          f"CPU_COMPILE_MIN_NUMEL {input_quant_fp8.CPU_COMPILE_MIN_NUMEL}  {args.rounds} rounds")
+          f"compile from {input_quant_fp8.QUANT_CPU_TIERS.min_numel} elements  {args.rounds} rounds")
     print("Cells: median us (best round us). A busy shared VM inflates medians; the best round is "
           "closer to the code's own cost.\n")
     print("| mode | tokens x hidden | eager | compile | forward_cpu | forward_cpu vs eager | GB/s (best) |")

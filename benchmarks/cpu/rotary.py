@@ -8,7 +8,7 @@ below 4096) at tokens 1-2048 in fp32 and bf16, plus ``ApplyRotaryEmb`` on the qu
 module call); ``forward_cpu`` the op built enabled on the CPU platform (the same module call);
 ``compile`` a per-shape static ``torch.compile`` of the pure function (Inductor's best case, no
 module overhead). The table it prints goes into benchmarks/results/cpu_rotary.md and decides
-``customop.ops.rotary_embedding.base.CPU_COMPILE_MIN_TOKENS``.
+``customop.ops.rotary_embedding.base.ROTARY_CPU_TIERS``.
 """
 
 from __future__ import annotations

@@ -108,6 +108,7 @@ SPECS = [
     _gated("gelu_and_mul_sparse", native.gelu_and_mul_sparse, (1.6449, "tanh")),
     _gated("fatrelu_and_mul", native.fatrelu_and_mul, (0.1,)),
     _gated("swigluoai_and_mul", native.swigluoai_and_mul, (1.702, 7.0)),
+    _gated("swiglustep_and_mul", native.swiglustep_and_mul, (7.0,)),
     _unary("gelu_new", native.gelu_new),
     _unary("gelu_fast", native.gelu_fast),
     _unary("quick_gelu", native.quick_gelu),

@@ -62,6 +62,13 @@ def swigluoai_on_halves(x: torch.Tensor, alpha: float, limit: float) -> torch.Te
     return _clamped_swiglu(x[..., :d], x[..., d:], alpha, limit)
 
 
+def swiglustep_and_mul(x: torch.Tensor, limit: float = 7.0) -> torch.Tensor:
+    """SwiGLU with the activation clamped after silu: ``min(silu(a), limit) * clamp(b, -limit, limit)``
+    (halves, not interleaved; the clamp on the gate comes *after* silu, unlike swigluoai)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate).clamp(max=limit) * up.clamp(min=-limit, max=limit)
+
+
 def gelu_new(x: torch.Tensor) -> torch.Tensor:
     """GPT-2's GELU: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
     c = math.sqrt(2.0 / math.pi)

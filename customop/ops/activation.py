@@ -23,7 +23,7 @@ from customop.backends.cpu import CpuTiers, eager, run_tiered
 from customop.custom_op import CustomOp
 from customop.math.activation import (  # noqa: F401  (the spec, re-exported here)
     fatrelu_and_mul, gelu_and_mul, gelu_and_mul_sparse, gelu_fast, gelu_new, mul_and_silu, quick_gelu, relu2,
-    silu_and_mul, swigluoai_and_mul, swigluoai_on_halves, xielu,
+    silu_and_mul, swiglustep_and_mul, swigluoai_and_mul, swigluoai_on_halves, xielu,
 )
 
 # ---- input checks (every path; the kernels also need contiguity) --------------------------
@@ -237,6 +237,28 @@ class SwigluOAIAndMul(_Activation):
         _check_input(self.name, x, gated=True, dtypes=_CPU_DTYPES, contiguous=False)
         return run_tiered(self.cpu_tiers, swigluoai_and_mul, x, self.alpha, self.limit, eager=self.eager_fn,
                           compiled_spec=swigluoai_on_halves, prepare=_deinterleave)
+
+
+@CustomOp.register("swiglustep_and_mul")
+class SwigluStepAndMul(_Activation):
+    """SwiGLU with a step clamp (vLLM 0.33): ``min(silu(a), limit) * clamp(b, -limit, limit)`` on
+    the gate and up halves. ``limit`` is required to be a number (``None`` raises, as in vLLM)."""
+
+    math_fn = staticmethod(swiglustep_and_mul)
+    gated = True
+    #: compiled wins from 16x8192 in bf16 (0.86x of eager's time) and 64x8192 in fp32 (0.65x); at
+    #: 16x8192 fp32 it loses (1.3x), one thread (benchmarks/results/cpu_activation.md)
+    cpu_tiers = _low_precision_from(1 << 19, 1 << 17)
+    repr_fields = ("limit",)
+
+    def __init__(self, limit: float = 7.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if limit is None:
+            raise ValueError("SwigluStepAndMul requires limit to be set")
+        self.limit = float(limit)
+
+    def math_args(self) -> tuple[Any, ...]:
+        return (self.limit,)
 
 
 @CustomOp.register("gelu_new")

@@ -35,6 +35,7 @@ _define("gelu_and_mul_sparse", "(Tensor x, float std_multiplier, str approximate
         act.gelu_and_mul_sparse, gated=True)
 _define("fatrelu_and_mul", "(Tensor x, float threshold) -> Tensor", act.fatrelu_and_mul, gated=True)
 _define("swigluoai_and_mul", "(Tensor x, float alpha, float limit) -> Tensor", act.swigluoai_and_mul, gated=True)
+_define("swiglustep_and_mul", "(Tensor x, float limit) -> Tensor", act.swiglustep_and_mul, gated=True)
 _define("gelu_new", "(Tensor x) -> Tensor", act.gelu_new, gated=False)
 _define("gelu_fast", "(Tensor x) -> Tensor", act.gelu_fast, gated=False)
 _define("quick_gelu", "(Tensor x) -> Tensor", act.quick_gelu, gated=False)
