@@ -20,6 +20,7 @@ import torch  # noqa: E402
 def main() -> int:
     from customop.backends.triton import activation as act
     from customop.backends.triton import layernorm as norm
+    from customop.samples.activation import CASES
 
     dev = "cuda"
     bf = torch.bfloat16
@@ -28,20 +29,18 @@ def main() -> int:
         return torch.randn(*shape, device=dev).to(dtype)
 
     launched = 0
-    for x in (rnd(7, 2 * 4231), rnd(3, 2 * 14336), rnd(40, 2 * 64), rnd(9, 2 * 300 + 40)[:, :600]):
-        for fn, extra in ((act.silu_and_mul, ()), (act.mul_and_silu, ()), (act.gelu_and_mul, ("none",)),
-                          (act.gelu_and_mul, ("tanh",)), (act.fatrelu_and_mul, (0.1,)),
-                          (act.swigluoai_and_mul, (1.702, 7.0)), (act.gelu_and_mul_sparse, (0.8, "none"))):
-            fn(x, *extra)
+    # every activation variant of the case table, with the arguments its op passes
+    for case in CASES:
+        op = case.build().to(dev)
+        args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in op.math_args())
+        launcher = act.KERNELS[f"customop::{case.op}"]
+        inputs = ((rnd(7, 2 * 4231), rnd(3, 2 * 14336), rnd(40, 2 * 64), rnd(9, 2 * 300 + 40)[:, :600])
+                  if case.gated else (rnd(7, 4231), rnd(1, 1), rnd(33, 100), rnd(4, 8192)))
+        for x in inputs:
+            launcher(x, *args)
             launched += 1
     wide = rnd(2, 2 * 40000)  # gelu_and_mul_sparse's looped variant
     act.gelu_and_mul_sparse(wide, 0.8, "tanh")
-    alpha = torch.tensor([0.8], device=dev, dtype=bf)
-    for x in (rnd(7, 4231), rnd(1, 1), rnd(33, 100), rnd(4, 8192)):
-        for fn in (act.gelu_new, act.gelu_fast, act.quick_gelu, act.relu2):
-            fn(x)
-        act.xielu(x, alpha, alpha, 0.5, -1e-6)
-        launched += 5
     for shape in ((7, 4231), (33, 100), (2, 8192), (2, 40000)):
         x, r, z = rnd(*shape), rnd(*shape), rnd(*shape)
         w = rnd(shape[-1])

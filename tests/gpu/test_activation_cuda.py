@@ -1,116 +1,95 @@
-"""Activation kernels on the GPU at real sizes (up to 32768 tokens), against float64 (float32 for
-the largest) references; CUDA-graph capture and replay; inputs inside NaN-guarded buffers."""
+"""Activation kernels on the GPU: every case of the table (``customop/samples/activation.py``)
+through ``forward_kernel`` at the real sizes (up to 32768 tokens) against the float64 references
+(``tests/cases/activation.py``; float32 for the largest); CUDA-graph capture and replay; inputs
+inside NaN-guarded buffers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.backends.triton.references import (
-    ref_fatrelu_and_mul, ref_gelu_and_mul, ref_gelu_and_mul_sparse, ref_gelu_fast, ref_gelu_new, ref_mul_and_silu,
-    ref_quick_gelu, ref_relu2, ref_silu_and_mul, ref_swigluoai_and_mul, ref_xielu,
-)
+from customop.samples.activation import BY_LABEL, CASES, DTYPES
+from tests.cases.activation import reference
 from tests.gpu.conftest import assert_close_on_device
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-D = 14336  # the *_and_mul width (intermediate size); elementwise ops use hidden sizes
-# (launcher name, reference, extra args, gated)
-CASES = {
-    "silu_and_mul": ("silu_and_mul", ref_silu_and_mul, (), True),
-    "mul_and_silu": ("mul_and_silu", ref_mul_and_silu, (), True),
-    "gelu_and_mul[none]": ("gelu_and_mul", ref_gelu_and_mul, ("none",), True),
-    "gelu_and_mul[tanh]": ("gelu_and_mul", ref_gelu_and_mul, ("tanh",), True),
-    "gelu_and_mul_sparse[none]": ("gelu_and_mul_sparse", ref_gelu_and_mul_sparse, (0.8416, "none"), True),
-    "gelu_and_mul_sparse[tanh]": ("gelu_and_mul_sparse", ref_gelu_and_mul_sparse, (1.6449, "tanh"), True),
-    "fatrelu_and_mul": ("fatrelu_and_mul", ref_fatrelu_and_mul, (0.25,), True),
-    "swigluoai_and_mul": ("swigluoai_and_mul", ref_swigluoai_and_mul, (1.702, 7.0), True),
-    "gelu_new": ("gelu_new", ref_gelu_new, (), False),
-    "gelu_fast": ("gelu_fast", ref_gelu_fast, (), False),
-    "quick_gelu": ("quick_gelu", ref_quick_gelu, (), False),
-    "relu2": ("relu2", ref_relu2, (), False),
-    "xielu": ("xielu", ref_xielu, "xielu", False),
-}
-# rows x width: decode, odd masks, a mid size, and the largest (32768 tokens)
-GATED_SHAPES = ((1, 2 * D), (16, 2 * D), (7, 2 * 4231), (4096, 2 * D), (32768, 2 * D))
-UNARY_SHAPES = ((1, 4096), (16, 8192), (7, 4231), (4096, 8192), (32768, 8192))
+pytestmark = pytest.mark.cuda
 
 
-def _extra(case, dtype):
-    extra = CASES[case][2]
-    if extra == "xielu":
-        return (torch.tensor([0.8], dtype=dtype, device="cuda"), torch.tensor([1.3], dtype=dtype, device="cuda"), 0.5, -1e-6)
-    return extra
+def build(case):
+    return case.build().to("cuda")  # xielu's parameters go with it
 
 
-def _reference(case, x, extra):
+def make_input(case, shape, dtype):
+    """``case.input``'s distribution, drawn on the GPU (the CPU generator is slow at these sizes)."""
+    return (torch.randn(shape, device="cuda") * case.scale).to(dtype)
+
+
+def _reference(case, x, op):
     """float64, or float32 when the input is over 2**27 elements (bounds the temporaries)."""
-    ref_dtype = torch.float64 if x.numel() <= 1 << 27 else torch.float32
-    extra = tuple(e.to(ref_dtype) if isinstance(e, torch.Tensor) else e for e in extra)
-    return CASES[case][1](x.to(ref_dtype), *extra)
+    return reference(case, x.to(torch.float64 if x.numel() <= 1 << 27 else torch.float32), op)
 
 
-def _launcher(kernels, case):
-    return getattr(kernels[0], CASES[case][0])
+def _launch(kernels, case, op, x):
+    """The launcher called directly (strided inputs, graph capture), with forward_kernel's arguments."""
+    args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in op.math_args())
+    return kernels[f"customop::{case.op}"](x, *args)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_real_sizes(compiled_kernels, case, dtype, poison_empty):
-    launcher = _launcher(compiled_kernels, case)
-    gated = CASES[case][3]
-    extra = _extra(case, dtype)
-    shapes = GATED_SHAPES if gated else UNARY_SHAPES
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
+def test_real_sizes(cuda_kernels, case, dtype, poison_empty):
+    op = build(case)
+    shapes = case.shapes("real")
     if dtype != torch.bfloat16:
-        # every size in the dtype that matters; fp16/fp32 (covered in CI too) on an aligned and
-        # an odd shape, which bounds the number of kernel variants to compile
+        # every size in the dtype that matters; fp16/fp32 (covered by the interpreter tier too) on
+        # an aligned and an odd shape, which bounds the number of kernel variants to compile
         shapes = (shapes[1], shapes[2])
     for shape in shapes:
-        x = (torch.randn(shape, device="cuda") * 2).to(dtype)
-        out = launcher(x, *extra)
+        x = make_input(case, shape, dtype)
+        with torch.no_grad():
+            out = op.forward_kernel(x)
         torch.cuda.synchronize()
-        assert_close_on_device(out, _reference(case, x, extra).to(dtype), f"{case} {shape}")
+        assert out.dtype == dtype and out.is_contiguous()
+        assert_close_on_device(out, _reference(case, x, op).to(dtype), f"{case.label} {shape}")
         del x, out
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_cuda_graph_replay_matches_eager(compiled_kernels, case):
-    launcher = _launcher(compiled_kernels, case)
-    gated = CASES[case][3]
-    extra = _extra(case, torch.bfloat16)
-    x = torch.randn((16, 2 * D) if gated else (16, 8192), device="cuda", dtype=torch.bfloat16)
-    eager = launcher(x, *extra)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
+def test_cuda_graph_replay_matches_eager(cuda_kernels, case):
+    op = build(case)
+    x = make_input(case, case.shapes("real")[1], torch.bfloat16)  # 16 tokens
+    eager = _launch(cuda_kernels, case, op, x)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up on the capture stream
-        launcher(x, *extra)
+        _launch(cuda_kernels, case, op, x)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = launcher(x, *extra)
+        captured = _launch(cuda_kernels, case, op, x)
     x.copy_(torch.randn_like(x))  # replay must read the new contents of the captured input
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(captured, launcher(x, *extra))
+    assert torch.equal(captured, _launch(cuda_kernels, case, op, x))
     assert not torch.equal(captured, eager)
 
 
-@pytest.mark.parametrize("case", ["silu_and_mul", "gelu_and_mul_sparse[none]", "swigluoai_and_mul", "gelu_new"])
-def test_input_inside_nan_guarded_buffer(compiled_kernels, case, poison_empty):
+@pytest.mark.parametrize("label", ["silu_and_mul", "gelu_and_mul_sparse[0.95]", "swigluoai_and_mul",
+                                   "swiglustep_and_mul", "gelu_new"])
+def test_input_inside_nan_guarded_buffer(cuda_kernels, label, poison_empty):
     """The input is a window of a NaN-filled buffer (rows strided past the window, for the
     gated ops): a read outside the window would put NaN into the output."""
-    launcher = _launcher(compiled_kernels, case)
-    gated = CASES[case][3]
-    extra = _extra(case, torch.bfloat16)
-    rows, width, pad = 257, (2 * 4231 if gated else 4231), 64
+    case = BY_LABEL[label]
+    op = build(case)
+    rows, width, pad = 257, (2 * 4231 if case.gated else 4231), 64
     buf = torch.full((rows + 2, width + 2 * pad), float("nan"), device="cuda", dtype=torch.bfloat16)
-    x = buf[1:-1, pad:pad + width] if gated else buf[1:-1, pad:pad + width].contiguous()
-    x.copy_(torch.randn(rows, width, device="cuda"))
-    if not gated:  # elementwise ops take contiguous input: guard a flat window instead
+    x = buf[1:-1, pad:pad + width] if case.gated else buf[1:-1, pad:pad + width].contiguous()
+    x.copy_(torch.randn(rows, width, device="cuda") * case.scale)
+    if not case.gated:  # elementwise ops take contiguous input: guard a flat window instead
         flat = torch.full((rows * width + 2 * pad,), float("nan"), device="cuda", dtype=torch.bfloat16)
         flat[pad:-pad].copy_(x.flatten())
         x = flat[pad:-pad].view(rows, width)
-    out = launcher(x, *extra)
+    out = _launch(cuda_kernels, case, op, x)
     torch.cuda.synchronize()
     assert not out.isnan().any()
-    assert_close_on_device(out, _reference(case, x, extra).to(torch.bfloat16), case)
+    assert_close_on_device(out, _reference(case, x, op).to(torch.bfloat16), label)

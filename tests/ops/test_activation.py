@@ -1,13 +1,12 @@
-"""Activation family (research/op-semantics.md D.1): each op's forward_native and forward_cpu
-against a float64 reference written here, the library ops (opcheck, fake shapes, the path
-forward_cuda takes), torch.compile without graph breaks, input checks, and the factories."""
+"""Activation family: each case of the table (``customop/samples/activation.py``) on
+forward_native and forward_cpu against its float64 reference (``tests/cases/activation.py``), the
+library ops (opcheck, fake shapes, the path forward_cuda takes), torch.compile without graph
+breaks, input checks, and the factories."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -17,87 +16,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from customop import Config, CustomOp, use_config
 from customop.ops import activation as act
-from customop.testing import assert_close, assert_conforms, forced_platform, randn, tolerance
+from customop.samples.activation import BY_LABEL, CASES, DTYPES, ActivationCase
+from customop.testing import assert_close, assert_conforms, forced_platform, randn
+from tests.cases.activation import assert_matches, reference, spec_slack
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-GATED_SHAPES = [(1, 2), (7, 8462), (3, 5, 4096)]
-ELEMENTWISE_SHAPES = [(1, 1), (7, 4231), (3, 5, 4096)]
-
-
-# ---- float64 references, written from the formulas (not from the ops' code) --------------------
+#: the native and CPU paths' sizes: the table's "small" ones (odd widths, one row, a 3-D input)
+SIZE = "small"
 
 
-def _halves(x):
-    d = x.shape[-1] // 2
-    return x[..., :d], x[..., d:]
-
-
-def _silu(v):
-    return v / (1.0 + torch.exp(-v))
-
-
-def _gelu(v, approximate):
-    if approximate == "tanh":
-        return 0.5 * v * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v**3)))
-    return 0.5 * v * (1.0 + torch.erf(v / math.sqrt(2.0)))
-
-
-def ref_sparse(x, p, approximate):
-    a, b = _halves(x)
-    mean = a.sum(-1, keepdim=True) / a.shape[-1]
-    std = ((a - mean) ** 2).sum(-1, keepdim=True).div(a.shape[-1]).sqrt()
-    cutoff = mean + std * statistics.NormalDist().inv_cdf(p)
-    return _gelu((a - cutoff).clamp(min=0), approximate) * b
-
-
-def ref_swigluoai(x, alpha=1.702, limit=7.0):
-    g, u = x[..., 0::2].clamp(max=limit), x[..., 1::2].clamp(-limit, limit)
-    return (u + 1) * g / (1.0 + torch.exp(-alpha * g))
-
-
-def ref_xielu(x, op):
-    """xIELU with the module's parameters; softplus and ``beta + softplus`` are rounded to the
-    parameter dtype, as the spec computes them there."""
-    pdt = op.alpha_p.dtype
-    softplus = lambda p: torch.log1p(torch.exp(p.detach().double())).to(pdt)  # noqa: E731
-    ap = softplus(op.alpha_p).double()
-    an = (op.beta.double() + softplus(op.alpha_n).double()).to(pdt).double()
-    beta, eps = float(op.beta), float(op.eps)
-    return torch.where(x > 0, ap * x * x + beta * x, an * (torch.expm1(x.clamp(max=eps)) - x) + beta * x)
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    label: str
-    make: Callable[..., CustomOp]  # (**CustomOp kwargs) -> op
-    reference: Callable  # (x float64, op) -> float64
-    gated: bool
-    scale: float = 1.0  # input scale: 4 reaches swigluoai's clamps
-    # Extra absolute tolerance, for ops whose spec rounds a cancellation-prone intermediate in the
-    # input dtype (reasons at the cases): k * eps(dtype) * max|x|**power, given as (k, power).
-    slack: tuple[float, int] = (0.0, 1)
-
-
-CASES = [
-    Case("silu_and_mul", act.SiluAndMul, lambda x, op: _silu(_halves(x)[0]) * _halves(x)[1], True),
-    Case("mul_and_silu", act.MulAndSilu, lambda x, op: _halves(x)[0] * _silu(_halves(x)[1]), True),
-    Case("gelu_and_mul-none", lambda **kw: act.GeluAndMul("none", **kw), lambda x, op: _gelu(_halves(x)[0], "none") * _halves(x)[1], True),
-    Case("gelu_and_mul-tanh", lambda **kw: act.GeluAndMul("tanh", **kw), lambda x, op: _gelu(_halves(x)[0], "tanh") * _halves(x)[1], True),
-    # the row mean, std and cutoff are rounded in the input dtype: the cutoff is off by a few ulps
-    # of |a|, which moves outputs by up to that much times |b|
-    Case("gelu_and_mul_sparse-0.95", lambda **kw: act.GeluAndMulSparse(0.95, **kw), lambda x, op: ref_sparse(x, 0.95, "none"), True, slack=(1, 2)),
-    Case("gelu_and_mul_sparse-0.3-tanh", lambda **kw: act.GeluAndMulSparse(0.3, "tanh", **kw), lambda x, op: ref_sparse(x, 0.3, "tanh"), True, slack=(1, 2)),
-    Case("fatrelu_and_mul", lambda **kw: act.FatreluAndMul(0.25, **kw), lambda x, op: torch.where(_halves(x)[0] > 0.25, _halves(x)[0], 0.0) * _halves(x)[1], True),
-    Case("swigluoai_and_mul", act.SwigluOAIAndMul, lambda x, op: ref_swigluoai(x), True, scale=4.0),
-    Case("gelu_new", act.NewGELU, lambda x, op: _gelu(x, "tanh"), False),
-    Case("gelu_fast", act.FastGELU, lambda x, op: _gelu(x, "tanh"), False),
-    Case("quick_gelu", act.QuickGELU, lambda x, op: x / (1.0 + torch.exp(-1.702 * x)), False),
-    Case("relu2", act.ReLUSquaredActivation, lambda x, op: x.clamp(min=0) ** 2, False),
-    # for x < 0, alpha_n (expm1(x) - x) and beta x cancel: each is rounded to an ulp of ~|x|
-    Case("xielu", act.XIELU, ref_xielu, False, slack=(1, 1)),
-]
-CASE_IDS = [c.label for c in CASES]
-CASE_BY_LABEL = {c.label: c for c in CASES}
+def build(case: ActivationCase) -> CustomOp:
+    with use_config(Config(custom_ops=["all"])):
+        return case.build()
 
 
 def set_cpu_threshold(monkeypatch, op: CustomOp, numel: float) -> None:
@@ -105,26 +34,17 @@ def set_cpu_threshold(monkeypatch, op: CustomOp, numel: float) -> None:
     monkeypatch.setattr(op, "cpu_tiers", op.cpu_tiers.compiling_from(numel))
 
 
-def build(case: Case) -> CustomOp:
-    with use_config(Config(custom_ops=["all"])):
-        return case.make()
+def check(case: ActivationCase, op: CustomOp, x: torch.Tensor, out: torch.Tensor,
+          expected: torch.Tensor | None = None) -> None:
+    """A path that runs the spec's math: the reference plus the spec's rounding slack."""
+    assert_matches(case, op, x, out, spec_rounding=True, expected=expected)
 
 
-def check(case: Case, op: CustomOp, x: torch.Tensor, out: torch.Tensor, expected: torch.Tensor | None = None) -> None:
-    if expected is None:
-        expected = case.reference(x.double(), op)
-    atol, rtol = tolerance(x.dtype)
-    k, power = case.slack
-    atol += k * torch.finfo(x.dtype).eps * float(x.abs().max()) ** power
-    assert out.dtype == x.dtype
-    assert_close(out, expected, x.dtype, atol=atol, rtol=rtol, what=case.label)
+def shape_id(shape) -> str:
+    return "x".join(map(str, shape))
 
 
-def shapes_for(case: Case):
-    return GATED_SHAPES if case.gated else ELEMENTWISE_SHAPES
-
-
-PARAMS = [pytest.param(c, s, id=f"{c.label}-{'x'.join(map(str, s))}") for c in CASES for s in shapes_for(c)]
+PARAMS = [pytest.param(c, s, id=f"{c.label}-{shape_id(s)}") for c in CASES for s in c.shapes(SIZE)]
 
 
 # ---- the parametrized base: native and the CPU path vs float64 ------------------------------
@@ -135,9 +55,9 @@ PARAMS = [pytest.param(c, s, id=f"{c.label}-{'x'.join(map(str, s))}") for c in C
 def test_native_and_cpu_eager_match_reference(case, shape, dtype, monkeypatch):
     op = build(case)
     set_cpu_threshold(monkeypatch, op, math.inf)  # compile off: forward_cpu stays eager
-    x = randn(*shape, dtype=dtype, scale=case.scale)
+    x = case.input(shape, dtype)
     x_before = x.clone()
-    expected = case.reference(x.double(), op)
+    expected = reference(case, x.double(), op)
     with torch.no_grad():
         check(case, op, x, op.forward_native(x), expected)
         check(case, op, x, op(x), expected)  # enabled on the CPU platform: forward_cpu
@@ -147,9 +67,15 @@ def test_native_and_cpu_eager_match_reference(case, shape, dtype, monkeypatch):
 
 # Compile on: forward_cpu's Inductor branch, once per pure function (compiles dominate this
 # file's time; the other arguments of a function do not change what Inductor is asked to fuse).
-ONE_PER_FUNCTION = ("gelu_and_mul-none", "gelu_and_mul_sparse-0.3-tanh")
+ONE_PER_FUNCTION = ("gelu_and_mul[none]", "gelu_and_mul_sparse[0.3,tanh]")
 COMPILED = [pytest.param(c, torch.bfloat16, id=f"{c.label}-bf16") for c in CASES if c.label not in ONE_PER_FUNCTION]
-COMPILED += [pytest.param(CASE_BY_LABEL["silu_and_mul"], dt, id=f"silu_and_mul-{dt}") for dt in (torch.float32, torch.float16)]
+COMPILED += [pytest.param(BY_LABEL["silu_and_mul"], dt, id=f"silu_and_mul-{dt}") for dt in (torch.float32, torch.float16)]
+
+
+def compiled_shapes(case: ActivationCase):
+    """An odd 2-D shape and the 3-D one: one graph serves both (both dims dynamic)."""
+    shapes = case.shapes(SIZE)
+    return shapes[1], shapes[-1]
 
 
 @pytest.mark.slow
@@ -158,19 +84,20 @@ def test_cpu_compiled_matches_reference(case, dtype, monkeypatch):
     op = build(case)
     set_cpu_threshold(monkeypatch, op, 0)
     with torch.no_grad():
-        for shape in shapes_for(case)[1:]:  # both dims dynamic: one graph serves both shapes
-            x = randn(*shape, dtype=dtype, scale=case.scale)
+        for shape in compiled_shapes(case):
+            x = case.input(shape, dtype)
             check(case, op, x, op.forward_cpu(x))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_silu_and_mul_large(dtype):
-    op = build(CASE_BY_LABEL["silu_and_mul"])
-    x = randn(256, 28672, dtype=dtype)
+    case = BY_LABEL["silu_and_mul"]
+    op = build(case)
+    x = case.input((256, 2 * 14336), dtype)
     assert x.numel() >= op.cpu_tiers.compile_from(dtype)  # the real threshold: the compiled branch
     with torch.no_grad():
-        check(CASE_BY_LABEL["silu_and_mul"], op, x, op(x))
+        check(case, op, x, op(x))
 
 
 @pytest.mark.slow
@@ -178,10 +105,10 @@ def test_silu_and_mul_large(dtype):
 def test_cpu_path_handles_non_contiguous_input(label, monkeypatch):
     """silu_and_mul stays eager (no compiled graph per stride pattern); swigluoai de-interleaves
     into a contiguous copy first, so it runs the compiled graph (the one built above)."""
-    case = CASE_BY_LABEL[label]
+    case = BY_LABEL[label]
     op = build(case)
     set_cpu_threshold(monkeypatch, op, 0)
-    x = randn(2 * 4231, 7, dtype=torch.bfloat16, scale=case.scale).t()  # last dim strided
+    x = case.input((2 * 4231, 7), torch.bfloat16).t()  # last dim strided
     with torch.no_grad():
         check(case, op, x, op.forward_cpu(x))
 
@@ -204,7 +131,7 @@ def test_compile_native_runs():
     with use_config(Config(custom_ops=["none"])):
         op = act.SiluAndMul()
     x = randn(5, 2 * 96)
-    check(CASE_BY_LABEL["silu_and_mul"], op, x, op(x))
+    check(BY_LABEL["silu_and_mul"], op, x, op(x))
 
 
 class _Wrapper(torch.nn.Module):
@@ -216,6 +143,9 @@ class _Wrapper(torch.nn.Module):
         return self.op(x * 2.0) + 1.0  # neighbours around the op: one graph must hold all three
 
 
+CASE_IDS = [c.label for c in CASES]
+
+
 @pytest.mark.parametrize("platform", ["cpu", "cuda"])
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_fullgraph_compile(case, platform):
@@ -224,16 +154,15 @@ def test_fullgraph_compile(case, platform):
     torch._dynamo.reset()  # every test's new module recompiles _Wrapper.forward: stay under the limit
     with forced_platform(platform):
         with use_config(Config(custom_ops=["all"])):
-            op = case.make(enforce_enable=True)
+            op = case.build(enforce_enable=True)
         counter = CompileCounter()
         compiled = torch.compile(_Wrapper(op), backend=counter, fullgraph=True)
-        x = randn(3, 2 * 40 if case.gated else 40, dtype=torch.bfloat16, scale=case.scale)
+        x = case.input((3, 2 * 40 if case.gated else 40), torch.bfloat16)
         with torch.no_grad():
             out = compiled(x)
     assert counter.frame_count == 1
-    expected = case.reference(x.double() * 2.0, op) + 1.0
-    k, power = case.slack  # the op's own rounding slack, on its input 2x
-    atol = 3e-2 + k * torch.finfo(torch.bfloat16).eps * float((x * 2.0).abs().max()) ** power
+    expected = reference(case, x.double() * 2.0, op) + 1.0
+    atol = 3e-2 + spec_slack(case, x * 2.0)  # the op's own rounding slack, on its input 2x
     assert_close(out, expected, torch.bfloat16, atol=atol)
 
 
@@ -253,16 +182,16 @@ class _OpRecorder(TorchDispatchMode):
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_forward_cuda_calls_the_library_op(case):
     with forced_platform("cuda"):
-        op = case.make(enforce_enable=True)
+        op = case.build(enforce_enable=True)
         assert op.forward_method_name == "forward_cuda"
-        x = randn(4, 2 * 30 if case.gated else 30, dtype=torch.float16, scale=case.scale)
+        x = case.input((4, 2 * 30 if case.gated else 30), torch.float16)
         with torch.no_grad(), _OpRecorder() as recorder:
             out = op(x)
     assert f"customop::{op.name}" in recorder.names
     check(case, op, x, out)
 
 
-def _library_args(case: Case, op: CustomOp, x: torch.Tensor) -> tuple:
+def _library_args(op: CustomOp, x: torch.Tensor) -> tuple:
     args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in op.math_args())
     return (x, *args)
 
@@ -272,8 +201,8 @@ def test_opcheck(case):
     op = build(case)
     library_op = getattr(torch.ops.customop, op.name)
     for shape, dtype in (((3, 2 * 17), torch.float32), ((2, 3, 2 * 8), torch.bfloat16)):
-        x = randn(*shape, dtype=dtype, scale=case.scale)
-        torch.library.opcheck(library_op, _library_args(case, op, x))
+        x = case.input(shape, dtype)
+        torch.library.opcheck(library_op, _library_args(op, x))
 
 
 def test_library_schemas_are_fixed():
@@ -284,6 +213,7 @@ def test_library_schemas_are_fixed():
         "gelu_and_mul_sparse": "(Tensor x, float std_multiplier, str approximate) -> Tensor",
         "fatrelu_and_mul": "(Tensor x, float threshold) -> Tensor",
         "swigluoai_and_mul": "(Tensor x, float alpha, float limit) -> Tensor",
+        "swiglustep_and_mul": "(Tensor x, float limit) -> Tensor",
         "gelu_new": "(Tensor x) -> Tensor",
         "gelu_fast": "(Tensor x) -> Tensor",
         "quick_gelu": "(Tensor x) -> Tensor",
@@ -368,7 +298,12 @@ def test_xielu_parameters_in_inverse_softplus_form():
 CLASSES = {"silu_and_mul": act.SiluAndMul, "mul_and_silu": act.MulAndSilu, "gelu_new": act.NewGELU,
            "gelu_fast": act.FastGELU, "quick_gelu": act.QuickGELU, "gelu_and_mul": act.GeluAndMul,
            "gelu_and_mul_sparse": act.GeluAndMulSparse, "relu2": act.ReLUSquaredActivation,
-           "xielu": act.XIELU, "swigluoai_and_mul": act.SwigluOAIAndMul, "fatrelu_and_mul": act.FatreluAndMul}
+           "xielu": act.XIELU, "swigluoai_and_mul": act.SwigluOAIAndMul, "fatrelu_and_mul": act.FatreluAndMul,
+           "swiglustep_and_mul": act.SwigluStepAndMul}
+
+
+def test_the_table_covers_every_activation_op():
+    assert {case.op for case in CASES} == set(CLASSES)
 
 
 def test_registered_names():

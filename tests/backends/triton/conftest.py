@@ -1,25 +1,18 @@
-"""Triton kernels on CPU tensors under the interpreter (research/kernel-testing-on-cpu.md).
-
-TRITON_INTERPRET is read when ``@triton.jit`` decorates, i.e. when a kernel module is imported,
-so it is set here before any test module imports one. Helper shared by the test files:
-``as_cpu_kernel`` (the launcher temporarily becomes the CPU kernel of its ``customop::`` op). The
-``poison_empty`` fixture (NaN-filled ``torch.empty``) comes from tests/conftest.py.
+"""Fixtures of the Triton tests. The interpreter tests (marked ``interpret``) run the kernels on
+CPU tensors under ``TRITON_INTERPRET=1``, which tests/conftest.py sets before any kernel module is
+imported on a machine without a CUDA GPU (the interpreter is chosen when ``@triton.jit``
+decorates). ``as_cpu_kernel``: the launcher temporarily becomes the CPU kernel of its
+``customop::`` op. The ``poison_empty`` fixture (NaN-filled ``torch.empty``) comes from
+tests/conftest.py.
 """
 
-import os
+import contextlib
+from collections.abc import Callable, Iterator
 
+import pytest
 import torch
 
-if not torch.cuda.is_available():  # on a GPU machine (`pytest -m cuda`) the real compiler runs
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import contextlib  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-import customop.ops  # noqa: E402,F401  (defines the customop:: ops)
+import customop.ops  # noqa: F401  (defines the customop:: ops)
 
 
 @contextlib.contextmanager

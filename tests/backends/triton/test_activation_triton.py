@@ -1,5 +1,8 @@
-"""The activation kernels (backends/triton/activation.py) under the Triton interpreter, against
-float64 references written here, directly and through ``torch.ops.customop.*``."""
+"""The activation kernels (backends/triton/activation.py) under the Triton interpreter: every case
+of the table (``customop/samples/activation.py``) through ``forward_kernel`` (the launcher as the
+CPU kernel of its ``customop::`` op) against the float64 references (``tests/cases/activation.py``),
+then the launchers directly (strided inputs, tilings, the looped variant) and through
+``torch.ops.customop.*`` (opcheck, torch.compile)."""
 
 from __future__ import annotations
 
@@ -8,119 +11,106 @@ import torch
 
 from customop.backends.triton import _tuning
 from customop.backends.triton import activation as act
+from customop.samples.activation import BY_LABEL, CASES, DTYPES, ActivationCase
 from customop.testing import assert_close
 from tests.backends.triton.conftest import as_cpu_kernel
-from tests.backends.triton.references import (
-    ref_fatrelu_and_mul, ref_gelu_and_mul, ref_gelu_and_mul_sparse, ref_gelu_fast, ref_gelu_new, ref_mul_and_silu,
-    ref_quick_gelu, ref_relu2, ref_silu_and_mul, ref_swigluoai_and_mul, ref_xielu,
-)
+from tests.cases.activation import assert_matches, reference
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+pytestmark = pytest.mark.interpret
 
-
-# name -> (launcher, reference, extra args after x, gated)
-CASES = {
-    "silu_and_mul": (act.silu_and_mul, ref_silu_and_mul, (), True),
-    "mul_and_silu": (act.mul_and_silu, ref_mul_and_silu, (), True),
-    "gelu_and_mul[none]": (act.gelu_and_mul, ref_gelu_and_mul, ("none",), True),
-    "gelu_and_mul[tanh]": (act.gelu_and_mul, ref_gelu_and_mul, ("tanh",), True),
-    "gelu_and_mul_sparse[none]": (act.gelu_and_mul_sparse, ref_gelu_and_mul_sparse, (0.8416, "none"), True),
-    "gelu_and_mul_sparse[tanh]": (act.gelu_and_mul_sparse, ref_gelu_and_mul_sparse, (-0.5, "tanh"), True),
-    "fatrelu_and_mul": (act.fatrelu_and_mul, ref_fatrelu_and_mul, (0.25,), True),
-    "swigluoai_and_mul": (act.swigluoai_and_mul, ref_swigluoai_and_mul, (1.702, 1.5), True),
-    "gelu_new": (act.gelu_new, ref_gelu_new, (), False),
-    "gelu_fast": (act.gelu_fast, ref_gelu_fast, (), False),
-    "quick_gelu": (act.quick_gelu, ref_quick_gelu, (), False),
-    "relu2": (act.relu2, ref_relu2, (), False),
-    "xielu": (act.xielu, ref_xielu, "xielu", False),
-}
-
-# leading shape x last dim: one row; odd row counts and widths (masks) incl. d = 4231; 3-D
-GATED_SHAPES = ((1, 16), (7, 2 * 4231), (33, 2 * 100), (3, 5, 2 * 64))
-UNARY_SHAPES = ((1, 1), (7, 4231), (33, 100), (2, 3, 64))
+LAUNCHERS = {name.removeprefix("customop::"): launcher for name, launcher in act.KERNELS.items()}
 
 
-def _extra(case, dtype):
-    extra = CASES[case][2]
-    if extra == "xielu":
-        # 1-element alphas as the op class passes them (softplus already applied), in x's dtype
-        return (torch.tensor([0.8], dtype=dtype), torch.tensor([1.3], dtype=dtype), 0.5, -1e-6)
-    return extra
+def build(case: ActivationCase):
+    return case.build()
 
 
-def _reference(case, x, extra):
-    ref = CASES[case][1]
-    extra64 = tuple(e.double() if isinstance(e, torch.Tensor) else e for e in extra)
-    return ref(x.double(), *extra64)
+def kernel_args(op) -> tuple:
+    """The library op's arguments after x, as ``forward_kernel`` passes them."""
+    return tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in op.math_args())
+
+
+def run_launcher(case: ActivationCase, x: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the launcher's output on x, the float64 reference)."""
+    op = build(case)
+    return LAUNCHERS[case.op](x, *kernel_args(op), **kwargs), reference(case, x.double(), op)
+
+
+PARAMS = [pytest.param(c, s, id=f"{c.label}-{'x'.join(map(str, s))}") for c in CASES for s in c.shapes("small")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case,shape", PARAMS)
+def test_kernel_matches_float64_reference(case, shape, dtype, poison_empty):
+    op = build(case)
+    x = case.input(shape, dtype)
+    x_before = x.clone()
+    with as_cpu_kernel(case.op, LAUNCHERS[case.op]) as calls, torch.no_grad():
+        out = op.forward_kernel(x)
+    assert len(calls) == 1, "forward_kernel did not reach the Triton launcher"
+    assert out.is_contiguous()
+    assert_matches(case, op, x, out)
+    assert torch.equal(x, x_before), f"{case.label} mutated its input"
 
 
 def _input(shape, dtype, scale=2.0):
     return (torch.randn(shape, dtype=torch.float32) * scale).to(dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_kernel_matches_float64_reference(case, dtype, poison_empty):
-    launcher, _, _, gated = CASES[case]
-    extra = _extra(case, dtype)
-    for shape in GATED_SHAPES if gated else UNARY_SHAPES:
-        x = _input(shape, dtype)
-        x_before = x.clone()
-        out = launcher(x, *extra)
-        expected = _reference(case, x, extra)
-        assert out.dtype == dtype and out.is_contiguous()
-        assert_close(out, expected.to(dtype), dtype, what=f"{case} {shape}")
-        assert torch.equal(x, x_before), f"{case} mutated its input"
-
-
-@pytest.mark.parametrize("case", ["silu_and_mul", "mul_and_silu", "swigluoai_and_mul", "gelu_and_mul_sparse[none]"])
-def test_gated_row_strided_input(case, poison_empty):
+@pytest.mark.parametrize("label", ["silu_and_mul", "mul_and_silu", "swigluoai_and_mul", "swiglustep_and_mul",
+                                   "gelu_and_mul_sparse[0.95]"])
+def test_gated_row_strided_input(label, poison_empty):
     """A slice of a wider buffer (row stride > 2d) is read in place, not copied wrong."""
-    launcher, _, _, _ = CASES[case]
-    extra = _extra(case, torch.float32)
     wide = _input((9, 2 * 300 + 40), torch.float32)
     x = wide[:, : 2 * 300]
     assert not x.is_contiguous()
-    assert_close(launcher(x, *extra), _reference(case, x, extra).float(), torch.float32)
+    out, expected = run_launcher(BY_LABEL[label], x)
+    assert_close(out, expected, torch.float32)
 
 
 def test_unary_non_contiguous_input(poison_empty):
     x = _input((40, 33), torch.float32).t()
-    out = act.gelu_new(x)
+    out, expected = run_launcher(BY_LABEL["gelu_new"], x)
     assert out.shape == x.shape
-    assert_close(out, ref_gelu_new(x.double()).float(), torch.float32)
+    assert_close(out, expected, torch.float32)
+
+
+#: the gated launches that take a tiling: label -> (x, op, config) -> output
+TILED = {
+    "silu_and_mul": lambda x, op, cfg: act._and_mul(x, act.SILU, config=cfg),
+    "gelu_and_mul[tanh]": lambda x, op, cfg: act._and_mul(x, act.GELU_TANH, config=cfg),
+    "swiglustep_and_mul": lambda x, op, cfg: act._and_mul(x, act.SWIGLUSTEP, param=op.limit, config=cfg),
+    "swigluoai_and_mul": lambda x, op, cfg: act.swigluoai_and_mul(x, *kernel_args(op), config=cfg),
+}
 
 
 @pytest.mark.parametrize("config", [_tuning.TileConfig(2, 64, 1), _tuning.TileConfig(1, 512, 2), _tuning.TileConfig(4, 32, 1)],
                          ids=str)
-@pytest.mark.parametrize("case", ["silu_and_mul", "gelu_and_mul[tanh]", "swigluoai_and_mul"])
-def test_gated_tile_configs(case, config, poison_empty):
+@pytest.mark.parametrize("label", list(TILED))
+def test_gated_tile_configs(label, config, poison_empty):
     """Other tilings than the table's pick (what --sweep may select) give the same result."""
+    case = BY_LABEL[label]
+    op = build(case)
     x = _input((5, 2 * 200), torch.float32)
-    extra = _extra(case, torch.float32)
-    if case == "swigluoai_and_mul":
-        out = act.swigluoai_and_mul(x, *extra, config=config)
-    else:
-        out = act._and_mul(x, act.GELU_TANH if "gelu" in case else act.SILU, config=config)
-    assert_close(out, _reference(case, x, extra).float(), torch.float32)
+    assert_close(TILED[label](x, op, config), reference(case, x.double(), op), torch.float32)
 
 
-@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("label", ["gelu_and_mul_sparse[0.95]", "gelu_and_mul_sparse[0.3,tanh]"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gelu_sparse_looped_path(approximate, dtype, poison_empty):
+def test_gelu_sparse_looped_path(label, dtype, poison_empty):
     """Rows wider than one tile take the chunked two-pass variant (forced with a small chunk),
     also with a large mean next to the spread (where naive sum-of-squares variance loses digits)."""
     x = _input((3, 2 * 1000), dtype)
     x[..., :1000] += 30.0
-    cfg = _tuning.RowConfig(1, 128, 4, False)
-    out = act.gelu_and_mul_sparse(x, 1.2, approximate, config=cfg)
-    assert_close(out, ref_gelu_and_mul_sparse(x.double(), 1.2, approximate).to(dtype), dtype)
+    out, expected = run_launcher(BY_LABEL[label], x, config=_tuning.RowConfig(1, 128, 4, False))
+    assert_close(out, expected, dtype)
 
 
 def test_large_unary_grid_uses_several_programs(poison_empty):
     x = _input((3, 5000), torch.float32)
     cfg = _tuning.TileConfig(1, 1024, 2)
-    assert_close(act._unary(x, act.QUICK_GELU, config=cfg), ref_quick_gelu(x.double()).float(), torch.float32)
+    expected = reference(BY_LABEL["quick_gelu"], x.double(), None)
+    assert_close(act._unary(x, act.QUICK_GELU, config=cfg), expected, torch.float32)
 
 
 def test_gelu_and_mul_rejects_unknown_approximation():
@@ -128,11 +118,11 @@ def test_gelu_and_mul_rejects_unknown_approximation():
         act.gelu_and_mul(torch.randn(2, 8), "erf")
 
 
-@pytest.mark.parametrize("case", ["silu_and_mul", "gelu_new"])
-def test_empty_input(case):
-    launcher, _, _, gated = CASES[case]
+@pytest.mark.parametrize("label", ["silu_and_mul", "gelu_new"])
+def test_empty_input(label):
+    case = BY_LABEL[label]
     x = torch.randn(0, 16)
-    assert launcher(x).shape == ((0, 8) if gated else (0, 16))
+    assert LAUNCHERS[case.op](x).shape == ((0, 8) if case.gated else (0, 16))
 
 
 def test_xielu_alpha_is_read_on_device():
@@ -146,23 +136,20 @@ def test_xielu_alpha_is_read_on_device():
 # ---- through torch.ops.customop.* ---------------------------------------------------------------
 
 
-def _op_name(case):
-    return case.split("[")[0]
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[c.label for c in CASES])
 def test_library_op_runs_kernel_and_passes_opcheck_and_compile(case):
     """With the launcher as the op's CPU kernel: the op output equals the reference, opcheck
     passes (schema, fake, aot dispatch), and torch.compile(fullgraph=True) runs the kernel."""
-    launcher, _, _, gated = CASES[case]
-    dtype = torch.bfloat16 if case in ("silu_and_mul", "xielu") else torch.float32
-    extra = _extra(case, dtype)
-    x = _input((3, 2 * 40) if gated else (3, 40), dtype)
-    op = getattr(torch.ops.customop, _op_name(case))
-    with as_cpu_kernel(_op_name(case), launcher) as calls:
+    dtype = torch.bfloat16 if case.op in ("silu_and_mul", "xielu") else torch.float32
+    op_module = build(case)
+    extra = kernel_args(op_module)
+    x = case.input((3, 2 * 40) if case.gated else (3, 40), dtype)
+    op = getattr(torch.ops.customop, case.op)
+    with as_cpu_kernel(case.op, LAUNCHERS[case.op]) as calls:
         out = op(x, *extra)
         assert len(calls) == 1
-        assert_close(out, _reference(case, x, extra).to(dtype), dtype)
+        assert_close(out, reference(case, x.double(), op_module), dtype)
         torch.library.opcheck(op.default, (x, *extra))
         torch.compiler.reset()
         compiled = torch.compile(lambda t: op(t, *extra), fullgraph=True)
