@@ -1,6 +1,7 @@
-"""TPUs: JAX Pallas kernels, callable from JAX directly and from torch through torch_xla.
+"""TPUs: JAX Pallas kernels, callable from JAX directly and, on torch_xla tensors, as the ``xla``
+kernels of the ``torch.ops.customop`` ops.
 
-JAX users call the kernels on ``jax.Array``s (this package needs only jax)::
+JAX users call the kernels on ``jax.Array``s (this needs jax, not torch_xla)::
 
     from customop.backends import tpu
     y = tpu.rms_norm(x, weight, 1e-6)                       # [..., H]
@@ -13,25 +14,23 @@ JAX users call the kernels on ``jax.Array``s (this package needs only jax)::
 
 Every function also takes ``block_rows=`` (rows per block; a multiple of 8 or all rows) and
 ``interpret=`` (``None``: decided by ``tiling.use_interpret``: ``CUSTOMOP_PALLAS_INTERPRET`` if
-set, else interpret unless on a TPU). The math of each is the op's ``forward_native``
-(research/op-semantics.md D); see docs/tpu.md for what has run where.
+set, else interpret unless on a TPU). The math of each is the matching op's spec
+(``customop/math``); see docs/tpu.md for what has run where.
 
-The torch side (``torch_ops``: ``torch.library`` ops over ``torch_xla``'s ``call_jax``, used by
-the op classes' ``forward_tpu``) needs torch_xla, so JAX users need not have it. It is imported
-with this package when the torch side is in use (torch_xla already imported, or customop's
-platform is the TPU: ops then load it at construction, before any ``torch.compile`` trace, which
-cannot follow an import), else on first access of ``customop.backends.tpu.torch_ops``.
+PyTorch users do not call this package: the op classes call ``torch.ops.customop.<op>``, and
+importing this package registers the ``xla`` kernels of those ops (``xla_kernels.py``) when
+torch_xla is installed. Registering imports neither torch_xla nor torchax (a JAX-only process
+never starts torch_xla's runtime, which would claim the TPU before JAX could); the first kernel
+call does, and names ``pip install customop[tpu]`` when one of them is missing.
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
-from types import ModuleType
+import importlib.util
 
 from customop.backends.tpu.activation import ACTIVATIONS, act_and_mul, gelu_and_mul, silu_and_mul
-from customop.backends.tpu.norms import gemma_rms_norm, rms_norm, rms_norm_gated
-from customop.backends.tpu.quant_fp8 import fp8_max, per_group_quant_fp8, per_tensor_quant_fp8, per_token_quant_fp8
+from customop.backends.tpu.layernorm import gemma_rms_norm, rms_norm, rms_norm_gated
+from customop.backends.tpu.quant import fp8_max, per_group_quant_fp8, per_tensor_quant_fp8, per_token_quant_fp8
 from customop.backends.tpu.rotary import rotary_embedding
 from customop.backends.tpu.tiling import use_interpret
 
@@ -51,36 +50,7 @@ __all__ = [
     "use_interpret",
 ]
 
-#: What the torch bridge needs beyond jax and torch: torchax (call_jax fails without it, and
-#: torch_xla does not declare it) and flax (torchax 0.0.13 imports it; research/tpu-path.md).
-_BRIDGE_REQUIRES = ("torch_xla", "torchax", "flax")
+if importlib.util.find_spec("torch_xla") is not None:
+    from customop.backends.tpu import xla_kernels
 
-
-def __getattr__(name: str) -> ModuleType:
-    if name != "torch_ops":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        return importlib.import_module(f"{__name__}.torch_ops")
-    except ModuleNotFoundError as err:
-        if err.name and err.name.split(".")[0] in _BRIDGE_REQUIRES:
-            raise ImportError(f"customop's TPU backend needs {err.name!r} for torch tensors: "
-                              "pip install customop[tpu]") from err
-        raise
-
-
-def _torch_side_in_use() -> bool:
-    if "torch_xla" in sys.modules:
-        return True
-    from customop.platforms import current_platform
-
-    try:
-        return current_platform().is_tpu()
-    except RuntimeError:  # e.g. two platform plugins: leave it to the ops to report
-        return False
-
-
-if _torch_side_in_use():
-    try:
-        __getattr__("torch_ops")
-    except ImportError:
-        pass  # the JAX API stays usable; the error comes back, clearly, on first use of torch_ops
+    xla_kernels.register()

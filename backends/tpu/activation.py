@@ -1,14 +1,15 @@
 """The gated activations ``act(gate) * up`` (the ``*_and_mul`` family) as ONE parametrized Pallas
 kernel. Pure JAX (no torch).
 
-Input ``x [..., 2d]`` holds ``gate = x[..., :d]`` and ``up = x[..., d:]`` (research/op-semantics.md
-D.1); the output is ``[..., d]`` in ``x.dtype``, computed in fp32. When ``d`` is a multiple of 128
+Input ``x [..., 2d]`` holds ``gate = x[..., :d]`` and ``up = x[..., d:]`` (the spec:
+``customop/math/activation.py``); the output is ``[..., d]`` in ``x.dtype``, computed in fp32. When ``d`` is a multiple of 128
 the kernel reads the two halves as separate column blocks of the same array (no lane slicing);
 otherwise each block is a whole row and is split inside the kernel.
 
 Whether this kernel earns its place over XLA's own fusion is measured in docs/tpu.md (it does
-not: XLA fuses ``act(gate) * up`` into one pass over ``x``); the op classes' ``forward_tpu``
-therefore stays on XLA, and this kernel is kept for JAX users and as a tiling-checked reference.
+not: XLA fuses ``act(gate) * up`` into one pass over ``x``). On torch_xla the activation ops
+therefore have no ``xla`` kernel (their ``torch.ops.customop`` default body runs on the XLA
+device and XLA fuses it); this kernel is kept for JAX users.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from jax.experimental import pallas as pl
 
 from customop.backends.tpu import tiling
 
-#: name -> f(gate_f32, up_f32, **params); the *_and_mul family of D.1 with halves layout.
+#: The activations of the *_and_mul family (halves layout: gate first, then up).
 ACTIVATIONS = ("silu", "mul_silu", "gelu", "gelu_tanh", "fatrelu", "swiglustep")
 _COLUMN_BLOCK = 512  # lanes per block when d splits evenly (a multiple of 128)
 

@@ -1,10 +1,12 @@
 """Backward passes of the norms, in pure JAX.
 
-``pallas_call`` is not differentiable (``jax.grad`` fails with "Linearization failed to produce
-known values", research/tpu-path.md), so the torch ops register these explicitly. Each is the
-``jax.vjp`` of the forward spec written with ``jnp`` (fp32 math, the same casts as the forward),
-which XLA fuses; the backward of the rotary embedding needs no function here: it is the forward
-kernel rotating by the negative angle (``rotary_embedding(..., inverse=True)``).
+``pallas_call`` is not differentiable (``jax.grad`` of a kernel fails with "Linearization failed
+to produce known values"), so the gradients are separate functions: each is the ``jax.vjp`` of
+the forward spec written with ``jnp`` (fp32 math, the same casts as the forward), which XLA
+fuses. The torch side registers them as the ``xla`` kernels of ``customop::rms_norm_backward``,
+``gemma_rms_norm_backward`` and ``rms_norm_gated_backward`` (``xla_kernels.py``). The backward of
+the rotary embedding needs no function here: it is the forward kernel rotating by the negative
+angle (``rotary_embedding(..., inverse=True)``).
 """
 
 from __future__ import annotations
@@ -17,15 +19,18 @@ from jax import lax
 
 
 def _rms_norm_math(h, weight, *, eps: float, variance_size: int | None, gemma: bool, out_dtype):
-    """The forward spec on fp32 ``h`` (D.2): normalise, then Llama (weight-dtype multiply) or
-    Gemma (``1 + w`` in fp32) weighting, returned in ``out_dtype``."""
+    """The forward spec on fp32 ``h``: normalise, then Llama or Gemma (``1 + w``) weighting,
+    returned in ``out_dtype``. The Llama multiply happens in fp32 on ``y`` rounded to the weight
+    dtype (the spec's value up to the product's rounding): the weight's gradient then sums its
+    rows in fp32, not in the weight dtype, and the rounding passes the gradient through."""
     h_var = h if variance_size is None else h[..., :variance_size]
     y = h * lax.rsqrt(jnp.mean(h_var * h_var, axis=-1, keepdims=True) + eps)
     if weight is None:
         return y.astype(out_dtype)
     if gemma:
         return (y * (1.0 + weight.astype(jnp.float32))).astype(out_dtype)
-    return (y.astype(weight.dtype) * weight).astype(out_dtype)
+    y_rounded = y + lax.stop_gradient(y.astype(weight.dtype).astype(jnp.float32) - y)
+    return (y_rounded * weight.astype(jnp.float32)).astype(out_dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "variance_size", "gemma"))

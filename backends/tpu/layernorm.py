@@ -2,10 +2,10 @@
 
 Pure JAX (no torch). Each kernel keeps whole rows in VMEM, so a row is read once, reduced and
 rescaled, and written once; XLA's own lowering of the same math needs a reduction fusion and a
-second pass over the row (see docs/tpu.md). The rounding order follows the spec
-(research/op-semantics.md D.2, ``customop/ops/layernorm.py``): plain RMSNorm casts the normalised
-fp32 value to the weight dtype before multiplying, Gemma multiplies by ``1 + w`` in fp32, the
-gated norm is fp32 throughout.
+second pass over the row (see docs/tpu.md). The rounding order is the spec's
+(``customop/math/layernorm.py``): plain RMSNorm casts the normalised fp32 value to the weight
+dtype before multiplying, Gemma multiplies by ``1 + w`` in fp32, the gated norm is fp32
+throughout.
 """
 
 from __future__ import annotations

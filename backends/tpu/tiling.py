@@ -32,8 +32,8 @@ def use_interpret(torch_xla_device: bool = False) -> bool:
     ``CUSTOMOP_PALLAS_INTERPRET=1``/``0`` wins; otherwise interpret unless the XLA device is a TPU:
     torch_xla's device for the torch bridge (``torch_xla_device=True``), else JAX's default
     backend. The JAX side never asks torch_xla: that would start torch_xla's runtime, which
-    claims the TPU before JAX can. Mosaic (``interpret=False``) only runs on a TPU ("Only
-    interpret mode is supported on CPU backend", research/tpu-path.md)."""
+    claims the TPU before JAX can. Mosaic (``interpret=False``) only runs on a TPU (elsewhere
+    Pallas raises "Only interpret mode is supported on CPU backend")."""
     env = os.environ.get(INTERPRET_ENV, "").strip()
     if env:
         if env not in ("0", "1"):
