@@ -1,72 +1,169 @@
-"""Sample inputs for the norms family (``assert_conforms`` and ``customop check``).
+"""The norms family's case table: what every tier runs, and ``customop check`` too.
 
-Weights are random (not the ones/zeros init) so that a path which ignores or misplaces the weight
-fails. Shapes: a single token, odd sizes, and one 3-D input; all small enough to run eagerly in
-``forward_cpu`` except the last, which crosses the compile thresholds to cover the compiled path.
+- ``CASES``: RMSNorm, GemmaRMSNorm and RMSNormGated variants: constructor arguments, the weight's
+  dtype (the input's, fp32, or no weight), the call form (``x``; ``x, residual``: the fused add;
+  ``x, z``: the gate) and, for the gated norm, how many groups a row splits into. The rows marked
+  ``base`` (one per ``customop::`` norm op) are the ones whose compiled paths are checked too: each
+  costs a compile per dtype.
+- ``SIZES``: the inputs of each tier as ``(*leading dims, hidden)``. ``"check"``: ``customop
+  check`` / ``assert_conforms``, plus ``COMPILED_CHECK`` for the base rows (above forward_cpu's
+  compile threshold). ``"small"``: the paths emulated on a CPU: one row of 8, odd sizes (7 x 4231,
+  33 x 100: masked tails, several rows per program) and a 3-D input. ``"real"``: the GPU tier, up
+  to 32768 x 8192 and rows of 65536.
+- ``DTYPES``.
+
+Weights are random (not the ones/zeros init), so a path that ignores or misplaces the weight fails.
+The float64 references are the tests' (``tests/cases/layernorm.py``; ``tests/cases/__init__.py``
+says why they are not shipped). A tier chooses only the path under test and one of ``SIZES``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 
+from customop.custom_op import CustomOp
 from customop.ops.layernorm import RMS_NORM_CPU_TIERS
-from customop.testing import Sample, randn, register_samples
+from customop.testing import FLOAT_DTYPES, Sample, randn, register_samples
 
-#: (leading dims, hidden)
-_SHAPES = (((1,), 64), ((5,), 97), ((2, 3), 128))
-_LARGE = ((int(RMS_NORM_CPU_TIERS.compile_from(torch.float32)) // 1024 + 3,), 1024)
-
-
-def _rand(shape, dtype, device, gen) -> torch.Tensor:
-    return randn(*shape, dtype=dtype, device=device, generator=gen)
+#: the inputs' standard deviation (x, residual and z)
+SCALE = 2.0
 
 
-@register_samples("rms_norm")
-def rms_norm_samples(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sample]:
-    samples = []
-    for lead, h in (*_SHAPES, _LARGE):
-        x, residual = _rand((*lead, h), dtype, device, gen), _rand((*lead, h), dtype, device, gen)
-        state = {"weight": _rand((h,), dtype, device, gen)}
-        init = {"hidden_size": h, "dtype": dtype}
-        samples.append(Sample(init, (x,), state=state, label=f"x{tuple(x.shape)}"))
-        samples.append(Sample(init, (x, residual), state=state, label=f"x{tuple(x.shape)}+residual"))
-    x = _rand((3, 96), dtype, device, gen)
-    samples.append(Sample({"hidden_size": 96, "var_hidden_size": 64, "dtype": dtype}, (x,),
-                          state={"weight": _rand((96,), dtype, device, gen)}, label="var_hidden_size=64"))
-    samples.append(Sample({"hidden_size": 96, "has_weight": False}, (x, x.flip(0)), label="has_weight=False+residual"))
-    samples.append(Sample({"hidden_size": 96}, (x, x.flip(0)), state={"weight": _rand((96,), torch.float32, device, gen)},
-                          label="fp32 weight+residual"))
-    return samples
+@dataclasses.dataclass(frozen=True)
+class NormCase:
+    label: str
+    op: str  # the registered op name
+    init: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the weight's dtype: "x" (the input's), "fp32", or None (no weight)
+    weight: str | None = "x"
+    residual: bool = False  # forward(x, residual): the fused add
+    gate: bool = False  # rms_norm_gated: forward(x, z)
+    #: rms_norm_gated: groups per row where the hidden size divides into them, else the whole row
+    groups: int = 1
+    base: bool = False
+
+    @property
+    def op_class(self) -> type[CustomOp]:
+        return CustomOp.op_registry[self.op]
+
+    @property
+    def library_op(self) -> str:
+        """The ``customop::`` op that ``forward_kernel`` calls for this row."""
+        if self.residual:
+            return "gemma_fused_add_rms_norm" if self.op == "gemma_rms_norm" else "fused_add_rms_norm"
+        return self.op
+
+    def group_size(self, hidden: int) -> int:
+        return hidden // self.groups if hidden % self.groups == 0 else hidden
+
+    def weight_dtype(self, dtype: torch.dtype) -> torch.dtype | None:
+        return None if self.weight is None else (dtype if self.weight == "x" else torch.float32)
+
+    def init_kwargs(self, hidden: int, dtype: torch.dtype) -> dict[str, Any]:
+        """The constructor's arguments for inputs of ``dtype``."""
+        kwargs = {"hidden_size": hidden, **self.init}
+        if self.op == "rms_norm_gated":
+            kwargs["group_size"] = self.group_size(hidden)
+        if self.weight is None:
+            kwargs["has_weight"] = False
+        elif self.op != "gemma_rms_norm":  # (Gemma's weight is an fp32 parameter: build() casts it)
+            kwargs["dtype"] = self.weight_dtype(dtype)
+        return kwargs
+
+    def weight_values(self, hidden: int, dtype: torch.dtype, generator: torch.Generator | None = None,
+                      device: str | torch.device = "cpu") -> torch.Tensor | None:
+        if self.weight is None:
+            return None
+        offset = 0.0 if self.op == "gemma_rms_norm" else 1.0  # Gemma stores 1 + w as w
+        w = randn(hidden, generator=generator, scale=0.5) + offset
+        return w.to(device=device, dtype=self.weight_dtype(dtype))
+
+    def build(self, hidden: int, dtype: torch.dtype, generator: torch.Generator | None = None,
+              **kwargs: Any) -> CustomOp:
+        """The op for inputs of ``dtype`` (the caller's config decides its dispatch), with a random
+        weight of the row's dtype; ``kwargs`` go to the constructor."""
+        op = self.op_class(**self.init_kwargs(hidden, dtype), **kwargs)
+        op.requires_grad_(False)  # inference, as in vLLM: the in-place kernel paths have no backward
+        weight = self.weight_values(hidden, dtype, generator, op.weight.device if op.weight is not None else "cpu")
+        if weight is not None:
+            op.weight.data = weight
+        return op
+
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """The names of the call's tensors."""
+        return ("x", "residual") if self.residual else ("x", "z") if self.gate else ("x",)
+
+    def inputs(self, shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device = "cpu",
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
+        """The call's tensors: ``(x,)``, ``(x, residual)`` or ``(x, z)``."""
+        return tuple(randn(*shape, dtype=dtype, device=device, scale=SCALE, generator=generator)
+                     for _ in self.arguments)
 
 
-@register_samples("gemma_rms_norm")
-def gemma_rms_norm_samples(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sample]:
-    samples = []
-    for lead, h in (*_SHAPES, _LARGE):
-        x, residual = _rand((*lead, h), dtype, device, gen), _rand((*lead, h), dtype, device, gen)
-        state = {"weight": _rand((h,), torch.float32, device, gen) * 0.5}  # offsets around 0
-        samples.append(Sample({"hidden_size": h}, (x,), state=state, label=f"x{tuple(x.shape)}"))
-        samples.append(Sample({"hidden_size": h}, (x, residual), state=state, label=f"x{tuple(x.shape)}+residual"))
-    return samples
+_GATED = "rms_norm_gated"
+CASES = (
+    NormCase("rms_norm", "rms_norm", base=True),
+    NormCase("rms_norm[fp32 weight]", "rms_norm", weight="fp32"),
+    NormCase("rms_norm[no weight]", "rms_norm", weight=None),
+    NormCase("fused_add_rms_norm", "rms_norm", residual=True, base=True),
+    NormCase("fused_add_rms_norm[no weight]", "rms_norm", weight=None, residual=True),
+    NormCase("gemma_rms_norm", "gemma_rms_norm", weight="fp32", base=True),
+    NormCase("gemma_fused_add_rms_norm", "gemma_rms_norm", weight="fp32", residual=True, base=True),
+    NormCase("gemma_fused_add_rms_norm[x-dtype weight]", "gemma_rms_norm", residual=True),
+    # the four gates (norm before/after, silu/sigmoid), each on grouped rows and on the odd 4231
+    # (which no group count divides: whole rows); one whole-row gate (vLLM's group_size=None);
+    # no z, where the gate arguments must be ignored. The weight: the module's default fp32, and
+    # the input's dtype on the base row.
+    NormCase("rms_norm_gated", _GATED, {"activation": "swish"}, gate=True, groups=4, base=True),
+    NormCase("rms_norm_gated[norm first, silu]", _GATED, {"norm_before_gate": True, "activation": "silu"},
+             weight="fp32", gate=True, groups=4),
+    NormCase("rms_norm_gated[sigmoid]", _GATED, {"activation": "sigmoid"}, weight="fp32", gate=True, groups=4),
+    NormCase("rms_norm_gated[norm first, sigmoid]", _GATED, {"norm_before_gate": True, "activation": "sigmoid"},
+             weight="fp32", gate=True, groups=4),
+    NormCase("rms_norm_gated[whole row]", _GATED, {"activation": "swish"}, weight="fp32", gate=True),
+    NormCase("rms_norm_gated[no z]", _GATED, weight="fp32"),
+    NormCase("rms_norm_gated[no z, norm first, sigmoid]", _GATED, {"norm_before_gate": True, "activation": "sigmoid"},
+             weight="fp32", groups=4),
+)
+BY_LABEL = {case.label: case for case in CASES}
+
+#: crosses forward_cpu's compile threshold (in every dtype)
+COMPILED_CHECK = ((int(RMS_NORM_CPU_TIERS.compile_from(torch.float32)) // 1024 + 3, 1024),)
+SIZES: dict[str, tuple[tuple[int, ...], ...]] = {
+    "check": ((1, 64), (5, 97), (2, 3, 128)),
+    "small": ((1, 8), (7, 4231), (33, 100), (3, 5, 64)),
+    "real": ((1, 8192), (16, 4096), (7, 4231), (33, 128), (4096, 8192), (32768, 8192), (2, 65536)),
+}
+DTYPES = FLOAT_DTYPES
 
 
-@register_samples("rms_norm_gated")
-def rms_norm_gated_samples(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sample]:
-    samples = []
-    variants = (
-        {"group_size": None, "norm_before_gate": False, "activation": "swish"},
-        {"group_size": 32, "norm_before_gate": True, "activation": "sigmoid"},
-        {"group_size": 16, "norm_before_gate": False, "activation": "silu"},
-        {"group_size": 128, "norm_before_gate": False, "activation": "swish"},
-    )
-    shapes = [(*lead, 128) for lead, _ in _SHAPES] + [(*_LARGE[0], _LARGE[1])]  # hidden divisible by each group
-    for shape, variant in zip(shapes, variants):
-        h = shape[-1]
-        x, z = _rand(shape, dtype, device, gen), _rand(shape, dtype, device, gen)
-        init = {"hidden_size": h, "dtype": dtype, **variant}
-        state = {"weight": _rand((h,), dtype, device, gen)}
-        label = f"x{tuple(shape)} group={variant['group_size']} {variant['activation']}" + (
-            " norm-then-gate" if variant["norm_before_gate"] else "")
-        samples.append(Sample(init, (x, z), state=state, label=label))
-        samples.append(Sample(init, (x,), state=state, label=f"{label} no z"))
-    return samples
+def _builder(op: str):
+    def build(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sample]:
+        samples = []
+        for case in (c for c in CASES if c.op == op):
+            if case.op == "gemma_rms_norm" and case.weight == "x":
+                continue  # a Sample's weight is copied into Gemma's fp32 parameter: the row above
+            for shape in SIZES["check"] + (COMPILED_CHECK if case.base else ()):
+                weight = case.weight_values(shape[-1], dtype, gen, device)
+                samples.append(Sample(case.init_kwargs(shape[-1], dtype), case.inputs(shape, dtype, device, gen),
+                                      state={} if weight is None else {"weight": weight},
+                                      label=f"{case.label} x{shape}"))
+        if op == "rms_norm":  # outside the table: forward_kernel runs the spec for these
+            x = randn(3, 96, dtype=dtype, device=device, generator=gen)
+            samples.append(Sample({"hidden_size": 96, "var_hidden_size": 64, "dtype": dtype}, (x,),
+                                  state={"weight": randn(96, dtype=dtype, device=device, generator=gen)},
+                                  label="var_hidden_size=64"))
+            samples.append(Sample({"hidden_size": 96}, (x, x.flip(0)),
+                                  state={"weight": randn(96, device=device, generator=gen)},
+                                  label="fp32 weight+residual"))
+        return samples
+
+    return build
+
+
+for _op in dict.fromkeys(case.op for case in CASES):
+    register_samples(_op, DTYPES)(_builder(_op))

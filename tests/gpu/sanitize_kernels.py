@@ -1,4 +1,5 @@
-"""One launch of every activation and norm kernel variant, for ``compute-sanitizer``:
+"""One launch of every activation and norm kernel variant (the case tables' rows), for
+``compute-sanitizer``:
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python -m tests.gpu.sanitize_kernels
 
@@ -20,7 +21,9 @@ import torch  # noqa: E402
 def main() -> int:
     from customop.backends.triton import activation as act
     from customop.backends.triton import layernorm as norm
+    from customop.backend_loader import load_backend
     from customop.samples.activation import CASES
+    from customop.samples.layernorm import CASES as NORMS
 
     dev = "cuda"
     bf = torch.bfloat16
@@ -41,19 +44,13 @@ def main() -> int:
             launched += 1
     wide = rnd(2, 2 * 40000)  # gelu_and_mul_sparse's looped variant
     act.gelu_and_mul_sparse(wide, 0.8, "tanh")
+    # every norm variant of the case table, through forward_kernel (the kernels registered for CUDA)
+    load_backend("cuda")
     for shape in ((7, 4231), (33, 100), (2, 8192), (2, 40000)):
-        x, r, z = rnd(*shape), rnd(*shape), rnd(*shape)
-        w = rnd(shape[-1])
-        norm.rms_norm(x, w, 1e-6)
-        norm.rms_norm(x, None, 1e-6)
-        norm.rms_norm(x, w.float(), 1e-6)
-        norm.gemma_rms_norm(x, w, 1e-6)
-        norm.fused_add_rms_norm(x, r, w, 1e-6)
-        norm.gemma_fused_add_rms_norm(x, r, w, 1e-6)
-        norm.rms_norm_gated(x, w, z, 1e-5, shape[-1], False, False)
-        norm.rms_norm_gated(x, w, z, 1e-5, shape[-1], True, True)
-        norm.rms_norm_gated(x, w, None, 1e-5, shape[-1], False, False)
-        launched += 9
+        for case in NORMS:
+            op = case.build(shape[-1], bf).to(dev)
+            op.forward_kernel(*(rnd(*shape) for _ in case.arguments))
+            launched += 1
     x = rnd(12, 256)
     norm.rms_norm_gated(x, rnd(256), rnd(12, 256), 1e-5, 64, False, False)
     torch.cuda.synchronize()

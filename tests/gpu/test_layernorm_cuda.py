@@ -1,65 +1,49 @@
-"""Norm kernels on the GPU at real sizes (up to 32768 x 8192), against float64 references;
-in-place contracts; CUDA-graph capture and replay; in-place writes inside NaN-guarded buffers."""
+"""Norm kernels on the GPU: every case of the table (``customop/samples/layernorm.py``) through
+``forward_kernel`` at the real sizes (up to 32768 x 8192 and rows of 65536) against the float64
+references (``tests/cases/layernorm.py``); in-place contracts; CUDA-graph capture and replay;
+in-place writes inside NaN-guarded buffers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.backends.triton.references import ref_fused_add, ref_gated, ref_gemma, ref_rms_norm
+from customop.samples.layernorm import CASES, DTYPES, SCALE, SIZES
+from tests.cases.layernorm import ref_fused_add, reference
 from tests.gpu.conftest import assert_close_on_device
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.cuda
 
 EPS = 1e-6
-SHAPES = ((1, 8192), (16, 4096), (7, 4231), (33, 128), (4096, 8192), (32768, 8192), (2, 65536))
+#: fp16, and fp32 outside the base rows (all covered by the interpreter tier too), on fewer sizes:
+#: a mid one, the odd one and the widest rows, which bounds the kernel variants to compile
+FEWER = ((16, 4096), (7, 4231), (2, 65536))
 
 
 def _x(shape, dtype, scale=1.0, offset=0.0):
     return (torch.randn(shape, device="cuda") * scale + offset).to(dtype)
 
 
-@pytest.mark.parametrize("weight", ["same", "fp32", None])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-def test_rms_norm_and_gemma(compiled_kernels, dtype, weight, poison_empty):
-    norm = compiled_kernels[1]
-    # every size in bf16; fp16/fp32 (covered in CI too) on fewer, to bound the variants to compile
-    for shape in SHAPES if dtype == torch.bfloat16 else ((16, 4096), (7, 4231), (2, 65536)):
-        x = _x(shape, dtype, 3.0)
-        w = None if weight is None else _x(shape[-1:], dtype if weight == "same" else torch.float32, 0.5, 1.0)
-        assert_close_on_device(norm.rms_norm(x, w, EPS), ref_rms_norm(x, w, EPS).to(dtype), f"rms_norm {shape}")
-        if w is not None:
-            assert_close_on_device(norm.gemma_rms_norm(x, w, EPS), ref_gemma(x, w, EPS).to(dtype), f"gemma {shape}")
+def shapes_for(case, dtype):
+    return SIZES["real"] if dtype == torch.bfloat16 or (dtype == torch.float32 and case.base) else FEWER
 
 
-@pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_fused_add_in_place(compiled_kernels, dtype, gemma):
-    norm = compiled_kernels[1]
-    launcher = norm.gemma_fused_add_rms_norm if gemma else norm.fused_add_rms_norm
-    for shape in SHAPES:
-        x, r = _x(shape, dtype, 2.0), _x(shape, dtype, 2.0)
-        w = _x(shape[-1:], dtype, 0.5, 0.0 if gemma else 1.0)
-        want_out, want_res = ref_fused_add(x, r, w, EPS, gemma)
-        launcher(x, r, w, EPS)
-        assert_close_on_device(r, want_res.to(dtype), f"residual {shape}")
-        assert_close_on_device(x, want_out.to(dtype), f"out {shape}")
-        del want_out, want_res
-
-
-@pytest.mark.parametrize("sigmoid", [False, True])
-@pytest.mark.parametrize("norm_before_gate", [False, True])
-def test_rms_norm_gated(compiled_kernels, norm_before_gate, sigmoid, poison_empty):
-    norm = compiled_kernels[1]
-    for shape, group in (((4096, 8192), 8192), ((4096, 8192), 1024), ((7, 4231), 4231), ((1, 4096), 128),
-                         ((2, 65536), 65536)):
-        x, z = _x(shape, torch.bfloat16, 2.0), _x(shape, torch.bfloat16, 2.0)
-        w = _x(shape[-1:], torch.float32, 0.5, 1.0)
-        out = norm.rms_norm_gated(x, w, z, 1e-5, group, norm_before_gate, sigmoid)
-        assert_close_on_device(out, ref_gated(x, w, z, 1e-5, group, norm_before_gate, sigmoid).bfloat16(), f"gated {shape}/{group}")
-    x, w = _x((16, 4096), torch.bfloat16), _x((4096,), torch.float32)
-    assert_close_on_device(norm.rms_norm_gated(x, w, None, 1e-5, 4096, False, False),
-                           ref_gated(x, w, None, 1e-5, 4096, False, False).bfloat16(), "gated without z")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
+def test_real_sizes(cuda_kernels, case, dtype, poison_empty):
+    for shape in shapes_for(case, dtype):
+        op = case.build(shape[-1], dtype).to("cuda")
+        args = tuple(_x(shape, dtype, SCALE) for _ in case.arguments)  # drawn on the GPU: x, residual or z
+        expected_out, expected_residual = reference(case, op, *args)
+        got = op.forward_kernel(*args)
+        torch.cuda.synchronize()
+        if case.residual:
+            assert got[0] is args[0] and got[1] is args[1], "the fused add writes in place"
+            assert_close_on_device(got[1], expected_residual.to(dtype), f"{case.label} residual {shape}")
+            got = got[0]
+        assert got.dtype == dtype
+        assert_close_on_device(got, expected_out.to(dtype), f"{case.label} {shape}")
+        del args, got, expected_out, expected_residual
 
 
 def _capture(fn):
@@ -75,9 +59,8 @@ def _capture(fn):
 
 
 @pytest.mark.parametrize("name", ["rms_norm", "gemma_rms_norm", "rms_norm_gated", "fused_add_rms_norm", "gemma_fused_add_rms_norm"])
-def test_cuda_graph_replay_matches_eager(compiled_kernels, name):
-    norm = compiled_kernels[1]
-    launcher = getattr(norm, name)
+def test_cuda_graph_replay_matches_eager(cuda_kernels, name):
+    launcher = cuda_kernels[f"customop::{name}"]
     x, r, z = (_x((16, 8192), torch.bfloat16, 2.0) for _ in range(3))
     w = _x((8192,), torch.bfloat16, 0.5, 1.0)
     in_place = "fused_add" in name
@@ -99,10 +82,10 @@ def test_cuda_graph_replay_matches_eager(compiled_kernels, name):
 
 
 @pytest.mark.parametrize("name", ["fused_add_rms_norm", "gemma_fused_add_rms_norm"])
-def test_in_place_writes_stay_inside_guarded_buffers(compiled_kernels, name):
+def test_in_place_writes_stay_inside_guarded_buffers(cuda_kernels, name):
     """x and residual are windows of NaN-filled buffers with rows strided past the window: the
     padding stays NaN and the window holds the right values."""
-    launcher = getattr(compiled_kernels[1], name)
+    launcher = cuda_kernels[f"customop::{name}"]
     rows, hidden, pad = 4099, 8192, 64
     xbuf = torch.full((rows + 2, hidden + 2 * pad), float("nan"), device="cuda", dtype=torch.bfloat16)
     rbuf = torch.full_like(xbuf, float("nan"))

@@ -1,122 +1,96 @@
-"""Norms family: RMSNorm (+ fused residual add), GemmaRMSNorm, RMSNormGated.
-
-Every path is checked against float64 references written here (not forward_native), following
-vLLM's rounding order where it is observable; then the in-place contracts, the forward_cuda wiring
-(forced platform, reaching the library op's reference on CPU tensors), bad inputs, opcheck on each
-``customop::`` norm op, torch.compile(fullgraph=True) and the conformance suite.
+"""Norms family: every case of the table (``customop/samples/layernorm.py``) on forward_native and
+forward_cpu against the float64 references (``tests/cases/layernorm.py``, vLLM's rounding order
+where it is observable), forward_kernel's wiring (reaching the library op's reference on CPU
+tensors) and the compiled paths; then the in-place contracts, the forward_cuda wiring (forced
+platform), bad inputs, opcheck on each ``customop::`` norm op, torch.compile(fullgraph=True) and
+the conformance suite.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from customop.config import Config, use_config
 from customop.ops.layernorm import GemmaRMSNorm, RMSNorm, RMSNormGated
+from customop.samples.layernorm import BY_LABEL, CASES, DTYPES, SIZES, NormCase
 from customop.testing import assert_close, assert_conforms, forced_platform, randn
-from tests.backends.triton import references as refs
+from tests.cases.layernorm import assert_matches, ref_fused_add, ref_rms_norm, reference
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-SHAPES = [(1, 8), (7, 4231), (3, 5, 4096)]
 #: The large shape runs forward_cpu only: its compiled code is what changes with size (row
-#: parallelism, vector tails); eager native runs the same ATen kernels already parallel at 3x5x4096.
+#: parallelism, vector tails); eager native runs the same ATen kernels.
 LARGE = (256, 8192)
 #: compile=True (the caller compiles the op) re-runs one shape on forward_native only: every case
 #: costs an Inductor compile, and inside a caller's compile forward_cpu traces the same math
 #: (it skips its own compiled function there), so a second path would compile the same graph.
-COMPILE_SHAPES = [(7, 4231)]
-CASES = [(p, s, False) for p in ("forward_native", "forward_cpu") for s in SHAPES]
-CASES += [("forward_cpu", LARGE, False)]
-CASES += [("forward_native", s, True) for s in COMPILE_SHAPES]
-VARIANTS = ["rms_norm", "fused_add_rms_norm", "gemma_rms_norm", "gemma_fused_add_rms_norm", "rms_norm_gated"]
-GROUPS = 8  # rms_norm_gated in the base case normalises 8 groups when the hidden size allows it
+COMPILE_SHAPE = (7, 4231)
 
 
-# ---- float64 references -----------------------------------------------------------------------
+def shape_id(shape) -> str:
+    return "x".join(map(str, shape))
 
 
-def ref_rms_norm(x, weight, eps, residual=None, var_size=None):
-    """(output in float64, new residual in x's dtype or None). The normalised value is rounded to
-    the weight's dtype before the multiply (HF Llama); the product itself is exact in float64."""
-    h = x.double() if residual is None else x.double() + residual.double()
-    v = h if var_size is None else h[..., :var_size]
-    y = h / torch.sqrt((v * v).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y.to(weight.dtype).double() * weight.double()
-    return y, None if residual is None else h.to(x.dtype)
-
-
-def ref_gemma(x, weight, eps, residual=None):
-    h = x.double() if residual is None else x.double() + residual.double()
-    return refs.ref_gemma(h, weight, eps), None if residual is None else h.to(x.dtype)
-
-
-#: the gated norm's float64 reference is the one the kernel tests use
-ref_gated = refs.ref_gated
-
-
-# ---- helpers -------------------------------------------------------------------------------------
-
-
-def build(cls, *args, weight_dtype=None, seed=0, custom_ops=("all",), **kwargs):
-    """An enabled op with random weights (so a path that drops the weight fails)."""
+def build(case: NormCase, hidden: int, dtype: torch.dtype, custom_ops=("all",), **kwargs):
+    """An enabled op with the row's random weight (so a path that drops the weight fails)."""
     with use_config(Config(custom_ops=list(custom_ops))):
-        op = cls(*args, **kwargs)
-    op.requires_grad_(False)  # inference, as in vLLM; the kernel ops have no autograd formula
-    if op.weight is not None:
-        gen = torch.Generator().manual_seed(seed)
-        w = randn(*op.weight.shape, generator=gen, scale=0.5) + (0.0 if cls is GemmaRMSNorm else 1.0)
-        op.weight.data = w.to(weight_dtype or op.weight.dtype)
-    return op
+        return case.build(hidden, dtype, torch.Generator().manual_seed(0), **kwargs)
 
 
-def make_case(variant, shape, dtype):
-    """(op, call args, float64 expected output, expected new residual or None)."""
-    h, gen = shape[-1], torch.Generator().manual_seed(1)
-    x, other = randn(*shape, dtype=dtype, generator=gen), randn(*shape, dtype=dtype, generator=gen)
-    if variant in ("rms_norm", "fused_add_rms_norm"):
-        op = build(RMSNorm, h, dtype=dtype)
-        residual = other if variant == "fused_add_rms_norm" else None
-        out, res = ref_rms_norm(x, op.weight, op.eps, residual)
-        return op, (x,) if residual is None else (x, residual), out, res
-    if variant in ("gemma_rms_norm", "gemma_fused_add_rms_norm"):
-        op = build(GemmaRMSNorm, h)
-        residual = other if variant == "gemma_fused_add_rms_norm" else None
-        out, res = ref_gemma(x, op.weight, op.eps, residual)
-        return op, (x,) if residual is None else (x, residual), out, res
-    group = h // GROUPS if h % GROUPS == 0 and h >= 64 else None
-    op = build(RMSNormGated, h, group_size=group, dtype=dtype)
-    return op, (x, other), ref_gated(x, op.weight, other, op.eps, op.group_size, False, False), None
+def make_case(case: NormCase, shape, dtype):
+    """(op, call args, expected (float64 output, float64 new residual or None))."""
+    op = build(case, shape[-1], dtype)
+    args = case.inputs(shape, dtype, generator=torch.Generator().manual_seed(1))
+    return op, args, reference(case, op, *args)
 
 
-def check_result(got, expected_out, expected_residual, dtype):
-    if expected_residual is None:
-        assert got.dtype == dtype
-        assert_close(got, expected_out, dtype)
-        return
-    out, residual = got
-    assert out.dtype == residual.dtype == dtype
-    assert_close(out, expected_out, dtype, what="out")
-    # The fp32 sum of two inputs rounds once to x's dtype: the new residual is exact.
-    assert_close(residual, expected_residual, dtype, atol=0, rtol=0, what="residual")
-
-
-# ---- the parametrized base -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("path,shape,compiled", CASES,
-                         ids=[f"{p}-{'x'.join(map(str, s))}{'-torch_compile' if c else ''}" for p, s, c in CASES])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_matches_float64_reference(variant, path, shape, compiled, dtype):
-    op, args, expected_out, expected_residual = make_case(variant, shape, dtype)
+def run_and_check(case, path, shape, dtype, compiled=False):
+    op, args, expected = make_case(case, shape, dtype)
+    if not case.base:  # forward_cpu stays eager: a compile per row and dtype is the base rows' cost
+        op.cpu_tiers = op.cpu_tiers.compiling_from(math.inf)
     fn = getattr(op, path)
     if compiled:
         fn = torch.compile(fn, fullgraph=True)
     inputs = [a.clone() for a in args]
-    check_result(fn(*args), expected_out, expected_residual, dtype)
+    assert_matches(fn(*args), expected, dtype, exact_residual=True, what=case.label)
     for before, after in zip(inputs, args):  # native and CPU paths never write into their inputs
         assert torch.equal(before, after)
+
+
+# ---- the table: every case, size and dtype ---------------------------------------------------
+# forward_cpu with the shipped thresholds on the base rows (7x4231 in bf16/fp16 is compiled), eager
+# on the others; the compiled paths of the base rows at a large size and under torch.compile below.
+
+PARAMS = [pytest.param(c, s, id=f"{c.label}-{shape_id(s)}") for c in CASES for s in SIZES["small"]]
+BASE = [c for c in CASES if c.base]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path", ["forward_native", "forward_cpu"])
+@pytest.mark.parametrize("case,shape", PARAMS)
+def test_matches_float64_reference(case, shape, path, dtype):
+    run_and_check(case, path, shape, dtype)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path,shape,compiled", [("forward_cpu", LARGE, False), ("forward_native", COMPILE_SHAPE, True)],
+                         ids=[f"forward_cpu-{shape_id(LARGE)}", f"forward_native-{shape_id(COMPILE_SHAPE)}-torch_compile"])
+@pytest.mark.parametrize("case", BASE, ids=lambda c: c.label)
+def test_compiled_paths_match_float64_reference(case, path, shape, compiled, dtype):
+    run_and_check(case, path, shape, dtype, compiled)
+
+
+@pytest.mark.parametrize("case,shape", PARAMS)
+def test_forward_kernel_wiring(case, shape):
+    """forward_kernel (what forward_cuda/_xpu/_tpu run) on CPU tensors reaches the library op's
+    reference: the arguments it builds give the right result, in place for the fused add."""
+    op, args, expected = make_case(case, shape, torch.bfloat16)
+    got = op.forward_kernel(*args)
+    assert_matches(got, expected, torch.bfloat16, what=case.label)
+    if case.residual:
+        assert got[0] is args[0] and got[1] is args[1]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -126,7 +100,7 @@ def test_rms_norm_multiplies_in_weight_dtype(dtype):
     fp32 instead must visibly differ, or this test could not tell the orders apart."""
     gen = torch.Generator().manual_seed(3)
     x = randn(64, 512, dtype=dtype, generator=gen)
-    op = build(RMSNorm, 512, dtype=dtype)
+    op = build(BY_LABEL["rms_norm"], 512, dtype)
     y64 = x.double() / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True) + op.eps)
     weight_order = (y64.to(dtype) * op.weight).to(dtype)
     fp32_order = (y64.float() * op.weight.float()).to(dtype)
@@ -135,7 +109,26 @@ def test_rms_norm_multiplies_in_weight_dtype(dtype):
     assert (fp32_order != weight_order).float().mean() > 0.02
 
 
-# ---- variants outside the base -------------------------------------------------------------------
+# ---- variants outside the table (forward_kernel runs the spec for them) --------------------------
+
+
+def build_cls(cls, hidden, weight_dtype=None, custom_ops=("all",), **kwargs):
+    """An enabled op of ``cls`` with a random weight (of ``weight_dtype`` if given)."""
+    with use_config(Config(custom_ops=list(custom_ops))):
+        op = cls(hidden, **kwargs)
+    op.requires_grad_(False)
+    if op.weight is not None:
+        gen = torch.Generator().manual_seed(0)
+        w = randn(*op.weight.shape, generator=gen, scale=0.5) + (0.0 if cls is GemmaRMSNorm else 1.0)
+        op.weight.data = w.to(weight_dtype or op.weight.dtype)
+    return op
+
+
+def rms_expected(x, op, residual=None):
+    """``reference``'s pair for an RMSNorm outside the table (a variance subset, say)."""
+    if residual is None:
+        return ref_rms_norm(x, op.weight, op.eps, op.variance_size_override), None
+    return ref_fused_add(x, residual, op.weight, op.eps, var_size=op.variance_size_override)
 
 
 @pytest.mark.parametrize("path", ["forward_native", "forward_cpu", "forward_cuda"])
@@ -144,29 +137,13 @@ def test_rms_norm_var_hidden_size_and_no_weight(path, with_residual):
     x, residual = randn(3, 4, 96, dtype=torch.bfloat16), randn(3, 4, 96, dtype=torch.bfloat16)
     extra = (residual,) if with_residual else ()
     for op, weight, var_size in (
-        (build(RMSNorm, 96, var_hidden_size=64, dtype=torch.bfloat16), True, 64),
-        (build(RMSNorm, 96, has_weight=False), False, None),
-        (build(RMSNorm, 96, var_hidden_size=96, dtype=torch.bfloat16), True, None),  # == hidden: plain
+        (build_cls(RMSNorm, 96, var_hidden_size=64, dtype=torch.bfloat16), True, 64),
+        (build_cls(RMSNorm, 96, has_weight=False), False, None),
+        (build_cls(RMSNorm, 96, var_hidden_size=96, dtype=torch.bfloat16), True, None),  # == hidden: plain
     ):
         assert (op.weight is not None) == weight and op.variance_size_override == var_size
-        expected_out, expected_res = ref_rms_norm(x, op.weight, op.eps, residual if with_residual else None, var_size)
         got = getattr(op, path)(x.clone(), *(r.clone() for r in extra))
-        check_result(got, expected_out, expected_res, torch.bfloat16)
-
-
-@pytest.mark.parametrize("path", ["forward_native", "forward_cpu", "forward_cuda"])
-@pytest.mark.parametrize("group_size", [None, 16])
-@pytest.mark.parametrize("norm_before_gate", [False, True])
-@pytest.mark.parametrize("activation", ["swish", "silu", "sigmoid"])
-@pytest.mark.parametrize("with_z", [False, True])
-def test_rms_norm_gated_variants(path, group_size, norm_before_gate, activation, with_z):
-    x, z = randn(2, 3, 64, dtype=torch.bfloat16), randn(2, 3, 64, dtype=torch.bfloat16, scale=2.0)
-    op = build(RMSNormGated, 64, group_size=group_size, norm_before_gate=norm_before_gate,
-               activation=activation, dtype=torch.bfloat16)
-    expected = ref_gated(x, op.weight, z if with_z else None, op.eps, group_size or 64,
-                         norm_before_gate, activation == "sigmoid")
-    got = getattr(op, path)(x, *((z,) if with_z else ()))
-    assert_close(got, expected, torch.bfloat16)
+        assert_matches(got, rms_expected(x, op, *extra), torch.bfloat16, exact_residual=True)
 
 
 def test_gated_constructor_defaults():
@@ -183,35 +160,39 @@ def test_weight_init_and_defaults():
         assert cls.name == name
 
 
+def test_the_table_covers_every_norm_op_and_kernel_entry():
+    assert {case.op for case in CASES} == {"rms_norm", "gemma_rms_norm", "rms_norm_gated"}
+    assert {case.library_op for case in CASES} == set(SCHEMAS)
+
+
 # ---- in-place contracts ----------------------------------------------------------------------------
 
-FUSED = [(RMSNorm, "fused_add_rms_norm"), (GemmaRMSNorm, "gemma_fused_add_rms_norm")]
+FUSED = [BY_LABEL["fused_add_rms_norm"], BY_LABEL["gemma_fused_add_rms_norm[x-dtype weight]"]]
 
 
-@pytest.mark.parametrize("cls,variant", FUSED, ids=["rms_norm", "gemma_rms_norm"])
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: c.op)
 @pytest.mark.parametrize("platform", ["cuda", "xpu"])
-def test_kernel_path_mutates_inputs_and_returns_them(cls, variant, platform):
-    op, (x, residual), expected_out, expected_res = make_case(variant, (5, 3, 256), torch.bfloat16)
-    with forced_platform(platform), use_config(Config(custom_ops=[f"+{cls.name}"])):
+def test_kernel_path_mutates_inputs_and_returns_them(case, platform):
+    op, (x, residual), expected = make_case(case, (5, 3, 256), torch.bfloat16)
+    with forced_platform(platform), use_config(Config(custom_ops=[f"+{case.op}"])):
         op.dispatch_forward()  # explicitly enabled: runs forward_<platform> with no device present
         assert op.forward_method_name == f"forward_{platform}"
         out, new_residual = op(x, residual)
     assert out is x and new_residual is residual  # written in place, the same tensors returned
-    check_result((x, residual), expected_out, expected_res, torch.bfloat16)
+    assert_matches((x, residual), expected, torch.bfloat16, exact_residual=True)
 
 
-@pytest.mark.parametrize("cls", [RMSNorm, GemmaRMSNorm], ids=["rms_norm", "gemma_rms_norm"])
-def test_kernel_path_non_contiguous_rows_still_correct(cls):
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: c.op)
+def test_kernel_path_non_contiguous_rows_still_correct(case):
     """A kernel needs unit-stride rows; a strided x is copied first, so the result lands in a new
     tensor (not in x) while residual is still updated in place: callers use the returned tensors."""
     x = randn(64, 6).t()  # shape (6, 64), last-dim stride 6
     residual = randn(6, 64)
-    op = build(cls, 64)
-    ref = ref_rms_norm if cls is RMSNorm else ref_gemma
-    expected_out, expected_res = ref(x, op.weight, op.eps, residual)
+    op = build(case, 64, torch.float32)
+    expected = reference(case, op, x, residual)
     x_before = x.clone()
     out, new_residual = op.forward_cuda(x, residual)
-    check_result((out, new_residual), expected_out, expected_res, torch.float32)
+    assert_matches((out, new_residual), expected, torch.float32, exact_residual=True)
     assert torch.equal(x, x_before) and new_residual is residual
 
 
@@ -219,26 +200,26 @@ def test_fused_mixed_weight_dtype_and_var_hidden_size_run_native():
     """The fused kernel needs weight.dtype == x.dtype and no variance override: otherwise
     forward_cuda is forward_native (new tensors, inputs untouched)."""
     x, residual = randn(4, 128, dtype=torch.bfloat16), randn(4, 128, dtype=torch.bfloat16)
-    for op in (build(RMSNorm, 128, weight_dtype=torch.float32), build(RMSNorm, 128, var_hidden_size=100, dtype=torch.bfloat16)):
+    for op in (build_cls(RMSNorm, 128, weight_dtype=torch.float32),
+               build_cls(RMSNorm, 128, var_hidden_size=100, dtype=torch.bfloat16)):
         xb, rb = x.clone(), residual.clone()
         out, new_residual = op.forward_cuda(xb, rb)
         assert out is not xb and new_residual is not rb
         assert torch.equal(xb, x) and torch.equal(rb, residual)
-        expected_out, expected_res = ref_rms_norm(x, op.weight, op.eps, residual, op.variance_size_override)
-        check_result((out, new_residual), expected_out, expected_res, torch.bfloat16)
+        assert_matches((out, new_residual), rms_expected(x, op, residual), torch.bfloat16, exact_residual=True)
     # Without a residual the kernel op takes a weight of another dtype.
-    op = build(RMSNorm, 128, weight_dtype=torch.float32)
-    assert_close(op.forward_cuda(x), ref_rms_norm(x, op.weight, op.eps)[0], torch.bfloat16)
+    op = build_cls(RMSNorm, 128, weight_dtype=torch.float32)
+    assert_close(op.forward_cuda(x), ref_rms_norm(x, op.weight, op.eps), torch.bfloat16)
 
 
-@pytest.mark.parametrize("cls,variant", FUSED, ids=["rms_norm", "gemma_rms_norm"])
-def test_kernel_path_in_place_survives_compile(cls, variant):
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: c.op)
+def test_kernel_path_in_place_survives_compile(case):
     """Under torch.compile the mutating op is functionalized; the writes must still reach x and
     residual."""
-    op, (x, residual), expected_out, expected_res = make_case(variant, (4, 128), torch.float32)
+    op, (x, residual), expected = make_case(case, (4, 128), torch.float32)
     out, new_residual = torch.compile(op.forward_cuda, fullgraph=True)(x, residual)
-    check_result((out, new_residual), expected_out, expected_res, torch.float32)
-    check_result((x, residual), expected_out, expected_res, torch.float32)
+    assert_matches((out, new_residual), expected, torch.float32, exact_residual=True)
+    assert_matches((x, residual), expected, torch.float32, exact_residual=True)
 
 
 # ---- bad inputs ----------------------------------------------------------------------------------
@@ -330,7 +311,7 @@ def test_compiles_fullgraph_without_graph_break(cls, call, platform):
     time) and the CPU path. The counting backend keeps this cheap (Inductor is covered above)."""
     counter = torch._dynamo.testing.CompileCounter()
     with forced_platform(platform):
-        op = build(cls, 64, custom_ops=[f"+{cls.name}"])
+        op = build_cls(cls, 64, custom_ops=[f"+{cls.name}"])
     assert op.forward_method_name == f"forward_{platform}"
     x, r = randn(8, 64), randn(8, 64)
     expected = call(lambda *a: op.forward_native(*a), x.clone(), r.clone())

@@ -1,5 +1,8 @@
-"""The norm kernels (backends/triton/layernorm.py) under the Triton interpreter, against float64
-references written here, directly and through ``torch.ops.customop.*``."""
+"""The norm kernels (backends/triton/layernorm.py) under the Triton interpreter: every case of the
+table (``customop/samples/layernorm.py``) through ``forward_kernel`` (the launcher as the CPU
+kernel of its ``customop::`` op) against the float64 references (``tests/cases/layernorm.py``),
+then the launchers directly (strided views, tilings, the looped and persistent variants) and
+through ``torch.ops.customop.*`` (opcheck, torch.compile)."""
 
 from __future__ import annotations
 
@@ -8,54 +11,42 @@ import torch
 
 from customop.backends.triton import _tuning
 from customop.backends.triton import layernorm as norm
+from customop.samples.layernorm import CASES, DTYPES, SIZES
 from customop.testing import assert_close
 from tests.backends.triton.conftest import as_cpu_kernel
-from tests.backends.triton.references import ref_fused_add, ref_gated, ref_gemma, ref_rms_norm
+from tests.cases.layernorm import assert_matches, ref_fused_add, ref_gated, ref_rms_norm, reference
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+pytestmark = pytest.mark.interpret
+
 EPS = 1e-6
-# one row; odd row counts and widths (masks, several rows per program at 100); 3-D
-SHAPES = ((1, 8), (7, 4231), (33, 100), (3, 5, 64))
 LOOPED = _tuning.RowConfig(1, 1024, 4, False)  # forces the chunked two-pass variant
+LAUNCHERS = {name.removeprefix("customop::"): launcher for name, launcher in norm.KERNELS.items()}
 
 
 def _x(shape, dtype, scale=1.0, offset=0.0):
     return (torch.randn(shape) * scale + offset).to(dtype)
 
 
-# ---- direct launches --------------------------------------------------------------------------
+# ---- the table, through forward_kernel -----------------------------------------------------------
 
-
-@pytest.mark.parametrize("weight_dtype", ["same", "fp32", None])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_rms_norm(dtype, weight_dtype, poison_empty):
-    for shape in SHAPES:
-        x = _x(shape, dtype, scale=3.0)
-        w = None if weight_dtype is None else _x(shape[-1:], dtype if weight_dtype == "same" else torch.float32, 0.5, 1.0)
-        out = norm.rms_norm(x, w, EPS)
-        assert out.dtype == dtype and out.shape == x.shape
-        assert_close(out, ref_rms_norm(x, w, EPS).to(dtype), dtype, what=f"rms_norm {shape}")
+PARAMS = [pytest.param(c, s, id=f"{c.label}-{'x'.join(map(str, s))}") for c in CASES for s in SIZES["small"]]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gemma_rms_norm(dtype, poison_empty):
-    for shape in SHAPES:
-        x, w = _x(shape, dtype, 3.0), _x(shape[-1:], torch.float32, 0.5)
-        assert_close(norm.gemma_rms_norm(x, w, EPS), ref_gemma(x, w, EPS).to(dtype), dtype, what=f"gemma {shape}")
+@pytest.mark.parametrize("case,shape", PARAMS)
+def test_kernel_matches_float64_reference(case, shape, dtype, poison_empty):
+    op = case.build(shape[-1], dtype)
+    args = case.inputs(shape, dtype)
+    expected = reference(case, op, *args)
+    with as_cpu_kernel(case.library_op, LAUNCHERS[case.library_op]) as calls:
+        got = op.forward_kernel(*args)
+    assert len(calls) == 1, "forward_kernel did not reach the Triton launcher"
+    assert_matches(got, expected, dtype, what=case.label)
+    if case.residual:  # written in place
+        assert got[0] is args[0] and got[1] is args[1]
 
 
-@pytest.mark.parametrize(("gemma", "has_weight"), [(False, True), (False, False), (True, True)],
-                         ids=["llama", "llama-noweight", "gemma"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_fused_add_in_place(dtype, gemma, has_weight):
-    launcher = norm.gemma_fused_add_rms_norm if gemma else norm.fused_add_rms_norm
-    for shape in SHAPES:
-        x, r = _x(shape, dtype, 2.0), _x(shape, dtype, 2.0)
-        w = _x(shape[-1:], dtype, 0.5, 0.0 if gemma else 1.0) if has_weight else None
-        want_out, want_res = ref_fused_add(x, r, w, EPS, gemma)
-        assert launcher(x, r, w, EPS) is None
-        assert_close(r, want_res.to(dtype), dtype, what=f"residual {shape}")
-        assert_close(x, want_out.to(dtype), dtype, what=f"out {shape}")
+# ---- the launchers directly ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma"])
@@ -72,8 +63,8 @@ def test_fused_add_on_strided_views_leaves_padding_alone(gemma):
     w = _x((hidden,), torch.float32, 0.5, 1.0)
     want_out, want_res = ref_fused_add(x, r, w, EPS, gemma)
     launcher(x, r, w, EPS)
-    assert_close(x, want_out.float(), torch.float32)
-    assert_close(r, want_res.float(), torch.float32)
+    assert_close(x, want_out, torch.float32)
+    assert_close(r, want_res, torch.float32)
     assert xbuf[:, hidden:].isnan().all() and rbuf[:, :pad].isnan().all()
 
 
@@ -125,18 +116,6 @@ def test_persistent_grid(block_m, poison_empty):
     assert_close(r, want_res.bfloat16(), torch.bfloat16)
 
 
-@pytest.mark.parametrize("sigmoid", [False, True], ids=["silu", "sigmoid"])
-@pytest.mark.parametrize("norm_before_gate", [False, True], ids=["gate_first", "norm_first"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_rms_norm_gated(dtype, norm_before_gate, sigmoid, poison_empty):
-    for shape, group in (((7, 4231), 4231), ((33, 100), 25), ((3, 5, 64), 64), ((1, 8), 4)):
-        x, z = _x(shape, dtype, 2.0), _x(shape, dtype, 2.0)
-        w = _x(shape[-1:], torch.float32, 0.5, 1.0)
-        out = norm.rms_norm_gated(x, w, z, 1e-5, group, norm_before_gate, sigmoid)
-        assert_close(out, ref_gated(x, w, z, 1e-5, group, norm_before_gate, sigmoid).to(dtype), dtype,
-                     what=f"gated {shape} group {group}")
-
-
 def test_rms_norm_gated_without_z_and_looped(poison_empty):
     x, w, z = _x((5, 300), torch.bfloat16, 2.0), _x((300,), torch.bfloat16, 0.5, 1.0), _x((5, 300), torch.bfloat16)
     assert_close(norm.rms_norm_gated(x, w, None, 1e-5, 100, False, False),
@@ -175,6 +154,7 @@ def _clone_args(args):
     return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(_library_cases()))
 def test_library_op_runs_kernel_and_passes_opcheck_and_compile(name):
     launcher, args = _library_cases()[name]
