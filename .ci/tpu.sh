@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The tpu CI tier (DESIGN.md section 5): forward_tpu end to end on the XLA CPU device, the Pallas
-# kernels in interpret mode, and their TPU lowering. It needs its own venv because torch_xla 2.9.0
-# needs exactly torch 2.9.0 (research/tpu-path.md), while the main tier uses torch 2.13.
+# The tpu CI tier (docs/design.md, CI tiers): the xla kernels of the customop:: ops and forward_tpu
+# end to end on the XLA CPU device, the Pallas kernels in interpret mode, and their TPU lowering.
+# It needs its own venv because torch_xla 2.9.0 requires exactly torch 2.9.0, while the main tier
+# uses torch 2.13.
 #
 # Usage: bash .ci/tpu.sh [extra pytest args]. Env: CUSTOMOP_TPU_VENV (default .venv-tpu),
 # PYTHON (default python3), CUSTOMOP_TIER_CLEANUP=1 (remove the venv afterwards). A venv that
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 venv=${CUSTOMOP_TPU_VENV:-.venv-tpu}
 python=${PYTHON:-python3}
-# The tested set (research/tpu-path.md): the [pallas] extra pins jax/jaxlib 0.7.1, and call_jax
+# The tested set: the [pallas] extra pins jax/jaxlib 0.7.1, and call_jax
 # needs torchax, which torch_xla does not declare; torchax 0.0.13 imports flax at import time
 # (torchax/checkpoint.py) without declaring it either, and flax 0.12.0 is what pip resolves next
 # to jax 0.7.1. torch 2.9.0 is the PyPI CUDA build (7.7 GB installed; the machine's pip cap is

@@ -18,6 +18,8 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from customop.backends import tpu  # noqa: E402
+from customop.math import quant as qm  # noqa: E402
+from customop.math.fp8 import fp8_max  # noqa: E402
 from customop.testing import assert_close  # noqa: E402
 
 DTYPES = {"fp32": (jnp.float32, torch.float32), "bf16": (jnp.bfloat16, torch.bfloat16)}
@@ -237,6 +239,31 @@ def test_per_group_quant_fp8(rows, hidden, group, block, ue8m0, dtype):
         expected = 2.0 ** np.ceil(np.log2(expected))
         assert np.all(np.log2(_f64(scale)) == np.round(np.log2(_f64(scale))))
     _dequant_check(q, scale, expected, x64, "per-group")
+
+
+def test_ue8m0_rounds_up_exactly():
+    """A scale just above a power of two rounds up to the next one. A float32 ``exp2(ceil(log2
+    s))`` keeps ``2^-8 (1 + 2^-23)`` at 2^-8 (the log rounds to -8: what the kernel did before);
+    the spec (frexp) and the kernel (a mantissa carry) give 2^-7. ``fp8_max=1`` makes the scale
+    the amax itself."""
+    just_above = np.float32(2.0 ** -8) * (np.float32(1) + np.float32(2.0 ** -23))
+    x = jnp.zeros((8, 128), jnp.float32).at[:, 0].set(just_above).at[1, 0].set(2.0 ** -8).at[2, 0].set(3.0)
+    _, scale = tpu.per_group_quant_fp8(x, 128, use_ue8m0=True, fp8_max=1.0, min_scale=2.0 ** -40, interpret=True)
+    expected = qm.ue8m0_round_up(torch.tensor(np.asarray(x[:, :1])))
+    assert torch.equal(torch.tensor(np.asarray(scale)), expected)
+    assert [float(s) for s in scale[:3, 0]] == [2.0 ** -7, 2.0 ** -8, 4.0]
+
+
+def test_quant_bounds_are_arguments():
+    """``fp8_max`` and ``min_scale`` are taken as given (the torch schemas pass them in); the
+    defaults are customop.math.fp8's for the dtype."""
+    x = _rand((7, 256), jnp.float32, 0, 3.0).at[0].set(0)
+    q, scale = tpu.per_token_quant_fp8(x, fp8_max=224.0, min_scale=1e-3, interpret=True)
+    x64 = _f64(x)
+    _check(scale, np.maximum(np.abs(x64).max(-1, keepdims=True) / 224.0, 1e-3), torch.float32, "scale")
+    assert np.abs(_f64(q)).max() <= 224.0
+    assert tpu.fp8_max(jnp.float8_e4m3fn) == fp8_max(torch.float8_e4m3fn) == FP8_MAX
+    assert tpu.fp8_max(jnp.float8_e4m3fnuz) == fp8_max(torch.float8_e4m3fnuz)
 
 
 def test_empty_and_leading_dims():

@@ -57,6 +57,8 @@ CASES = {
     "per_token_quant_fp8-ub": (tpu.per_token_quant_fp8, (S((7, 512)), S((1,)))),
     "per_group_quant_fp8": (functools.partial(tpu.per_group_quant_fp8, group_size=128),
                             (S((64, 1024), bf16),)),
+    "per_group_quant_fp8-ue8m0-224": (functools.partial(tpu.per_group_quant_fp8, group_size=128, use_ue8m0=True,
+                                                        fp8_max=224.0), (S((7, 512)),)),
 }
 
 
