@@ -42,7 +42,8 @@ BACKENDS: dict[str, BackendSpec] = {
         BackendSpec("cuda", ("triton",), "cuda", "NVIDIA GPUs: Triton kernels and CUDA specifics"),
         BackendSpec("rocm", ("triton",), "rocm", "AMD GPUs: Triton kernels, fnuz fp8, wave-64 tuning"),
         BackendSpec("xpu", (), "xpu", "Intel GPUs: IPEX when present, else Triton on XPU tensors"),
-        BackendSpec("tpu", ("torch_xla", "jax"), "tpu", "TPUs: JAX Pallas kernels through torch_xla"),
+        # torchax is needed by call_jax and imports flax; torch_xla declares neither
+        BackendSpec("tpu", ("torch_xla", "jax", "torchax", "flax"), "tpu", "TPUs: JAX Pallas kernels through torch_xla"),
         BackendSpec("cpu", (), None, "CPUs: compiled native code, oneDNN, IPEX CPU when present"),
     )
 }
