@@ -1,29 +1,29 @@
-"""Rotary-embedding kernel on the GPU at real sizes (up to 32768 tokens x (32 + 8) heads of 128)
-against a float64 reference; in place inside a guard-padded qkv buffer; CUDA-graph capture and
-replay. ``launch_all`` is one launch of each kernel variant, for compute-sanitizer
-(test_quant_cuda.py runs it under memcheck)."""
+"""Rotary-embedding kernel on the GPU: every real-size row of the table (``customop/samples/rotary.py``,
+up to 32768 tokens x (32 + 8) heads of 128) through ``forward_kernel``, in place inside a
+guard-padded qkv buffer, against the float64 references (``tests/cases/rotary.py``); an fp32 cache
+with a bf16 query (the launcher rounds it); CUDA-graph capture and replay. ``launch_all`` is one
+launch of each kernel variant, for compute-sanitizer (test_quant_cuda.py runs it under memcheck)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from customop.samples.rotary import BY_LABEL, DTYPES, SIZES, STYLES, style_id
+from tests.cases.rotary import check_rope_outputs
 from tests.gpu.conftest import assert_close_on_device
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.cuda
 
 MAX_POS = 16384
+#: fp16 and fp32 (covered by the interpreter tier too) on an odd small row and a real one
+FEWER = {torch.float16: ("T7 32+8x128", "T4096 32+8x128"), torch.float32: ("T33 32+8x128", "T4096 32+8x128")}
 
 
 @pytest.fixture(scope="module")
-def rotary():
-    import triton
-
+def rotary(cuda_kernels):
     from customop.backends.triton import rotary as module
 
-    if not isinstance(module._rotary_kernel, triton.runtime.jit.JITFunction):
-        pytest.fail("the Triton kernels were imported under TRITON_INTERPRET=1: "
-                    "run `pytest -m cuda tests/gpu` on its own")
     return module
 
 
@@ -62,50 +62,56 @@ def guarded_qkv(tokens, num_q, num_k, head_size, dtype, guard_rows=3):
     return storage, qkv, q, k
 
 
-@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
-@pytest.mark.parametrize("dtype,tokens_list", [
-    (torch.bfloat16, (1, 16, 256, 4096, 32768)),
-    (torch.float16, (7, 4096)),
-    (torch.float32, (33, 4096)),
-], ids=["bf16", "fp16", "fp32"])
-def test_llama_heads_real_sizes(rotary, dtype, tokens_list, is_neox):
-    """32 q + 8 k heads of 128, full rotary, q/k inside a guarded qkv buffer: rotated values vs
-    float64, v and the guard rows bit-identical."""
-    cache = make_cache(128, dtype)
-    for tokens in tokens_list:
-        storage, qkv, q, k = guarded_qkv(tokens, 32, 8, 128, dtype)
-        before = storage.clone()
-        positions = torch.randint(0, MAX_POS, (tokens,), device="cuda")
-        want_q, want_k = ref_rotary(positions, q, 128, cache, is_neox), ref_rotary(positions, k, 128, cache, is_neox)
-        rotary.rotary_embedding(positions, q, k, 128, cache, is_neox)
-        assert_close_on_device(q, want_q, f"query T={tokens}")
-        assert_close_on_device(k, want_k, f"key T={tokens}")
-        assert torch.equal(_bits(qkv[:, 40 * 128:]), _bits(before[3:-3, 40 * 128:])), "v lanes changed"
-        assert storage[:3].isnan().all() and storage[-3:].isnan().all(), "guard rows written"
-        del want_q, want_k, storage, before
+def rows_for(dtype):
+    return SIZES["real"] if dtype == torch.bfloat16 else tuple(BY_LABEL[label] for label in FEWER[dtype])
 
 
-@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
-@pytest.mark.parametrize("case", [
-    dict(tokens=4096, num_q=32, num_k=8, head_size=128, rotary_dim=64),   # partial rotary
-    dict(tokens=3000, num_q=28, num_k=4, head_size=128, rotary_dim=96),   # masked pairs, odd heads
-    dict(tokens=5, num_q=64, num_k=8, head_size=64, rotary_dim=64),       # decode, looped heads
-    dict(tokens=1024, num_q=16, num_k=0, head_size=256, rotary_dim=128),  # key=None
-], ids=["partial", "odd", "many-heads", "no-key"])
-def test_variants(rotary, case, is_neox):
-    tokens, num_q, num_k, hs, rd = (case[k] for k in ("tokens", "num_q", "num_k", "head_size", "rotary_dim"))
-    cache = make_cache(rd, torch.float32)  # an fp32 cache with a bf16 query: rounded first
-    storage, qkv, q, k = guarded_qkv(tokens, num_q, max(num_k, 1), hs, torch.bfloat16)
-    key = k if num_k else None
+@pytest.mark.parametrize("is_neox", STYLES, ids=style_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_real_sizes(rotary, dtype, is_neox):
+    """q/k inside a guarded qkv buffer, rotated in place by forward_kernel: values vs float64; the
+    lanes past rotary_dim, v (and the key slot when there is no key) and the guard rows
+    bit-identical."""
+    for case in rows_for(dtype):
+        kv_heads = case.kv_heads or 0
+        storage, qkv, q, k = guarded_qkv(case.tokens, case.heads, max(kv_heads, 1), case.head_size, dtype)
+        key = k if kv_heads else None
+        before, q0, k0 = storage.clone(), q.clone(), None if key is None else key.clone()
+        op = case.build(is_neox, dtype, max_pos=MAX_POS).to("cuda")
+        positions = torch.randint(0, MAX_POS, (case.tokens,), device="cuda")
+        out_q, out_k = op.forward_kernel(positions, q, key)
+        torch.cuda.synchronize()
+        assert out_q is q and out_k is key
+        check_rope_outputs(op, positions, q0, k0, out_q, out_k, products_rounded=False)
+        lanes, lanes_before = qkv.view(case.tokens, -1, case.head_size), before[3:-3].view(case.tokens, -1, case.head_size)
+        assert torch.equal(_bits(lanes[:, :, case.rotary_dim:]), _bits(lanes_before[:, :, case.rotary_dim:])), \
+            f"{case.label}: lanes past rotary_dim changed"
+        untouched = (case.heads + kv_heads) * case.head_size
+        assert torch.equal(_bits(qkv[:, untouched:]), _bits(before[3:-3, untouched:])), f"{case.label}: v lanes changed"
+        assert storage[:3].isnan().all() and storage[-3:].isnan().all(), f"{case.label}: guard rows written"
+        del storage, before, q0, k0, op
+
+
+@pytest.mark.parametrize("is_neox", STYLES, ids=style_id)
+@pytest.mark.parametrize("label", ["partial T4096 32+8x128 rot 64", "odd rotary T3000 28+4x128 rot 96",
+                                   "many heads T5 64+8x64", "key None T1024 16x256 rot 128"])
+def test_fp32_cache_with_bf16_query(rotary, label, is_neox):
+    """The launcher given an fp32 cache and a bf16 query rounds the cache rows to bf16 first."""
+    case = BY_LABEL[label]
+    kv_heads = case.kv_heads or 0
+    cache = make_cache(case.rotary_dim, torch.float32)
+    storage, qkv, q, k = guarded_qkv(case.tokens, case.heads, max(kv_heads, 1), case.head_size, torch.bfloat16)
+    key = k if kv_heads else None
     before = qkv.clone()
-    positions = torch.randint(0, MAX_POS, (tokens,), device="cuda", dtype=torch.int32)
-    want_q = ref_rotary(positions, q, hs, cache, is_neox)
-    want_k = ref_rotary(positions, k, hs, cache, is_neox) if key is not None else k.clone()
-    rotary.rotary_embedding(positions, q, key, hs, cache, is_neox)
+    positions = torch.randint(0, MAX_POS, (case.tokens,), device="cuda", dtype=torch.int32)
+    want_q = ref_rotary(positions, q, case.head_size, cache, is_neox)
+    want_k = ref_rotary(positions, k, case.head_size, cache, is_neox) if key is not None else k.clone()
+    rotary.rotary_embedding(positions, q, key, case.head_size, cache, is_neox)
     assert_close_on_device(q, want_q, "query")
     assert_close_on_device(k, want_k, "key")
-    lanes = qkv.view(tokens, -1, hs)[:, :, rd:]
-    assert torch.equal(_bits(lanes), _bits(before.view(tokens, -1, hs)[:, :, rd:])), "lanes past rotary_dim changed"
+    lanes = qkv.view(case.tokens, -1, case.head_size)[:, :, case.rotary_dim:]
+    assert torch.equal(_bits(lanes), _bits(before.view(case.tokens, -1, case.head_size)[:, :, case.rotary_dim:])), \
+        "lanes past rotary_dim changed"
 
 
 @pytest.mark.parametrize("tokens", [1, 16, 4096])
@@ -133,13 +139,14 @@ def test_cuda_graph_replay(rotary, tokens):
 
 
 def launch_all() -> int:
-    """One launch of each variant on small odd shapes (for compute-sanitizer)."""
+    """One launch of each variant on small odd shapes (for compute-sanitizer): the table's small
+    rows, plus two odd mid-size ones."""
     from customop.backends.triton import rotary
 
     launches = 0
+    rows = [(c.tokens, c.heads, c.kv_heads or 1, c.head_size, c.rotary_dim) for c in SIZES["small"]]
     for is_neox in (True, False):
-        for tokens, nq, nk, hs, rd in ((1, 32, 8, 128, 128), (7, 3, 1, 128, 96), (33, 64, 8, 64, 64),
-                                       (300, 28, 4, 128, 64), (3, 48, 4, 128, 128)):
+        for tokens, nq, nk, hs, rd in rows + [(33, 64, 8, 64, 64), (300, 28, 4, 128, 64)]:
             _, _, q, k = guarded_qkv(tokens, nq, nk, hs, torch.bfloat16, guard_rows=0)
             cache = make_cache(rd, torch.bfloat16)
             positions = torch.randint(0, MAX_POS, (tokens,), device="cuda")

@@ -14,7 +14,8 @@ from customop.ops.rotary_embedding import (
     get_rope)
 from customop.testing import randn
 from tests.ops.rope_helpers import _compile_off_and_fresh_rope_cache  # noqa: F401  (autouse fixture)
-from tests.ops.rope_helpers import BASE, D, EPS32, assert_rotated, build, dtype_id, inv_freq64, rope_reference
+from tests.cases.rotary import EPS32, assert_rotated, inv_freq64, rope_reference
+from tests.ops.rope_helpers import BASE, D, build, dtype_id
 
 # ---- scaling variants: each cache against its formula in float64 --------------------------------
 

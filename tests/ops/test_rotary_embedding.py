@@ -1,6 +1,8 @@
-"""The rotary family against float64 references written here, independently of customop's math
-(the rotation as complex multiplication, tests/ops/rope_helpers.py). The scaling variants,
-get_rope and M-RoPE are in test_rope_scaling.py."""
+"""The rotary family: every row of the table (``customop/samples/rotary.py``) on forward_native and
+forward_cpu against the float64 references (``tests/cases/rotary.py``: the rotation as complex
+multiplication, independent of customop's math); the compiled CPU branch, the kernel path's
+wiring, checks, torch.compile, ApplyRotaryEmb, DualChunkRotaryEmbedding and conformance. The
+scaling variants, get_rope and M-RoPE are in test_rope_scaling.py."""
 
 from __future__ import annotations
 
@@ -11,13 +13,12 @@ import customop
 from customop.ops.rotary_embedding import (
     ApplyRotaryEmb, DualChunkRotaryEmbedding, RotaryEmbedding, apply_rotary as apply_module, base as rope_base)
 from customop.platforms import CudaPlatform
+from customop.samples.rotary import APPLY, BY_LABEL, DTYPES, MAX_POS, SIZES, STYLES, RopeCase, style_id
 from customop.testing import assert_conforms, forced_platform, randn
+from tests.cases.rotary import EPS32, assert_rotated, check_apply_output, check_rope_outputs, inv_freq64, rope_reference
 from tests.ops.rope_helpers import _compile_off_and_fresh_rope_cache  # noqa: F401  (autouse fixture)
-from tests.ops.rope_helpers import compile_from
-from tests.ops.rope_helpers import BASE, D, EPS32, assert_rotated, build, dtype_id, inv_freq64, rope_reference
+from tests.ops.rope_helpers import BASE, D, build, compile_from, dtype_id
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-MAX_POS = 4096
 # The kernel paths must be asked for explicitly here: with no GPU, an automatic choice falls back.
 KERNEL_CONFIG = customop.Config(custom_ops=["all,+rotary_embedding,+apply_rotary_emb"])
 SHIPPED_TIERS = (rope_base.ROTARY_CPU_TIERS, apply_module.APPLY_ROTARY_CPU_TIERS)
@@ -32,51 +33,42 @@ class CudaWithoutGpu(CudaPlatform):
         return None
 
 
-def check_rope_outputs(op, positions, q, k, out_q, out_k):
-    cos, sin = op.cos_sin_cache.double()[positions.flatten()].chunk(2, dim=-1)
-    for name, x, got in (("query", q, out_q), ("key", k, out_k)):
-        if x is None:
-            assert got is None
-            continue
-        want, mag = rope_reference(x, cos, sin, op.head_size, op.is_neox_style)
-        assert got.shape == x.shape and got.dtype == x.dtype
-        assert_rotated(got, want, mag, x.dtype, what=name)
-
-
-# (label, tokens, q heads, kv heads or None, head_size, rotary_dim)
-CASES = [
-    ("T1", 1, 32, 8, 128, 128),
-    ("T7", 7, 32, 8, 128, 128),
-    ("T33", 33, 32, 8, 128, 128),
-    ("odd-heads", 5, 5, 3, 64, 64),
-    ("partial", 7, 4, 2, 128, 64),
-    ("key-None", 9, 4, None, 64, 64),
-]
-
-
 def make_inputs(tokens, heads, kv_heads, head, dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    positions = torch.randint(0, MAX_POS, (tokens,), generator=gen)
-    q = randn(tokens, heads * head, dtype=dtype, generator=gen)
-    k = randn(tokens, kv_heads * head, dtype=dtype, generator=gen) if kv_heads else None
-    return positions, q, k
+    return RopeCase("", tokens, heads, kv_heads, head, head).inputs(dtype, generator=torch.Generator().manual_seed(seed))
 
 
-# ---- compile off: every shape, dtype and style, native and the CPU path ----------------------
+def build_case(case: RopeCase, is_neox: bool, dtype, config=customop.Config(custom_ops=["all"])):
+    with customop.use_config(config):
+        return case.build(is_neox, dtype)
+
+
+# ---- compile off: every row, dtype and style, native and the CPU path ------------------------
 
 
 @pytest.mark.parametrize("path", ["forward_native", "forward_cpu"])
-@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("is_neox", STYLES, ids=style_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", SIZES["small"], ids=lambda c: c.label)
 def test_rotary_embedding_eager(case, dtype, is_neox, path):
-    _, tokens, heads, kv_heads, head, rot = case
-    op = build(RotaryEmbedding, head, rot, MAX_POS, 10000.0, is_neox, dtype)
-    positions, q, k = make_inputs(tokens, heads, kv_heads, head, dtype)
+    op = build_case(case, is_neox, dtype)
+    positions, q, k = case.inputs(dtype, generator=torch.Generator().manual_seed(0))
     q0, k0 = q.clone(), None if k is None else k.clone()
     out_q, out_k = getattr(op, path)(positions, q, k)
     check_rope_outputs(op, positions, q0, k0, out_q, out_k)
     assert torch.equal(q, q0) and (k is None or torch.equal(k, k0)), f"{path} must not modify its inputs"
+
+
+@pytest.mark.parametrize("is_neox", STYLES, ids=style_id)
+@pytest.mark.parametrize("case", SIZES["small"], ids=lambda c: c.label)
+def test_forward_kernel_wiring(case, is_neox):
+    """forward_kernel (what forward_cuda/_xpu/_tpu run) on CPU tensors reaches the library op's
+    reference: rotated in place, the same tensors returned."""
+    op = build_case(case, is_neox, torch.bfloat16)
+    positions, q, k = case.inputs(torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    q0, k0 = q.clone(), None if k is None else k.clone()
+    out_q, out_k = op.forward_kernel(positions, q, k)
+    assert out_q is q and out_k is k
+    check_rope_outputs(op, positions, q0, k0, out_q, out_k)
 
 
 def test_views_and_leading_batch_dims():
@@ -224,24 +216,15 @@ def test_compile_fullgraph_kernel_path():
 @pytest.mark.parametrize("path", ["forward_native", "forward_cpu", "forward_cuda"])
 @pytest.mark.parametrize("fp32", [False, True], ids=["in-dtype", "fp32-compute"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_apply_rotary_emb(dtype, fp32, path):
-    for shape, rot, neox in (((2, 5, 3, 64), 64, True), ((7, 4, 32), 16, False)):
-        gen = torch.Generator().manual_seed(1)
-        x = randn(*shape, dtype=dtype, generator=gen)
-        angles = torch.rand(shape[-3], rot // 2, generator=gen, dtype=torch.float64) * 6.3
-        cos, sin = angles.cos().float(), angles.sin().float()
-        with forced_platform("cuda"):
-            op = build(ApplyRotaryEmb, False, neox, fp32, config=KERNEL_CONFIG)  # enforce_enable first
-            x0 = x.clone()
-            got = getattr(op, path)(x, cos, sin)
-        assert torch.equal(x, x0) and got.dtype == dtype and got.shape == x.shape
-        # the op casts cos/sin to the compute dtype first; the reference starts from those values
-        c, s = (cos, sin) if fp32 else (cos.to(dtype), sin.to(dtype))
-        flat = x.reshape(-1, shape[-1])
-        rows = shape[-3] if len(shape) == 3 else shape[0] * shape[1]
-        want, mag = rope_reference(flat.reshape(rows, -1), c.repeat(rows // shape[-3], 1),
-                                   s.repeat(rows // shape[-3], 1), shape[-1], neox)
-        assert_rotated(got.reshape(rows, -1), want, mag, dtype)
+@pytest.mark.parametrize("case", APPLY, ids=lambda c: c.label)
+def test_apply_rotary_emb(case, dtype, fp32, path):
+    x, cos, sin = case.inputs(dtype, generator=torch.Generator().manual_seed(1))
+    with forced_platform("cuda"), customop.use_config(KERNEL_CONFIG):
+        op = case.build(fp32)
+        x0 = x.clone()
+        got = getattr(op, path)(x, cos, sin)
+    assert torch.equal(x, x0)
+    check_apply_output(got, x, cos, sin, case.neox, fp32)
 
 
 def test_apply_rotary_emb_cpu_compiled(monkeypatch):

@@ -1,11 +1,14 @@
-"""Rotary-embedding Triton kernel under TRITON_INTERPRET=1 (CPU tensors), against a float64
-reference written here.
+"""Rotary-embedding Triton kernel under TRITON_INTERPRET=1 (CPU tensors): every row of the table
+(``customop/samples/rotary.py``) through ``forward_kernel`` (the launcher as the CPU kernel of
+``customop::rotary_embedding``) against the float64 references (``tests/cases/rotary.py``), in
+place on q/k views of a fused qkv buffer; ApplyRotaryEmb's rows through the same kernel; then the
+launcher directly and through ``torch.ops.customop``.
 
 The kernel rotates in fp32 and rounds once into the input dtype, from cos/sin rounded to the input
-dtype (as the spec casts the cache); the reference does the same rotation in float64 and rounds
-once, so the bound is one ulp of the output dtype (the interpreter truncates fp32 -> bf16, which
-is still within one ulp): ``customop.testing.TOLERANCES``. In place: lanes past ``rotary_dim``,
-and everything around the q/k views inside a fused qkv buffer, must keep their exact bits.
+dtype (as the spec casts the cache), so the bound is the output dtype's tolerance with no
+product-rounding slack (the interpreter truncates fp32 -> bf16, which is still within one ulp):
+``customop.testing.TOLERANCES``. In place: lanes past ``rotary_dim``, and everything around the
+q/k views inside a fused qkv buffer, must keep their exact bits.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import customop.ops  # noqa: F401  (defines torch.ops.customop.rotary_embedding)
 from customop.backends.triton import rotary
+from customop.samples.rotary import APPLY, DTYPES, SIZES, STYLES, style_id
 from customop.testing import assert_close
+from tests.backends.triton.conftest import as_cpu_kernel
+from tests.cases.rotary import check_apply_output, check_rope_outputs
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+pytestmark = pytest.mark.interpret
 
 
 def make_cache(max_pos: int, rotary_dim: int, dtype: torch.dtype, base: float = 10000.0) -> torch.Tensor:
@@ -35,7 +40,7 @@ def round_like_interpreter(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def ref_rotary(positions, x, head_size, cache, is_neox):
     """float64 RoPE of ``x [T, H*head_size]`` (any leading shape matching positions), from cache
-    rows rounded to x's dtype first (as the spec casts the cache)."""
+    rows rounded to x's dtype first (as the kernel does with a cache of another dtype)."""
     tokens = positions.numel()
     rotary_dim = cache.shape[-1]
     half = rotary_dim // 2
@@ -65,33 +70,45 @@ def qkv_buffer(tokens, num_q, num_k, head_size, dtype, seed=0):
     return qkv, q, k
 
 
-CASES = [  # tokens, q heads, k heads, head_size, rotary_dim
-    pytest.param(1, 4, 2, 64, 64, id="decode-full"),     # heads split over programs
-    pytest.param(7, 3, 1, 128, 64, id="partial"),         # partial rotary, odd head counts
-    pytest.param(33, 8, 2, 128, 96, id="odd-rotary"),     # rotary_dim/2 = 48: masked pairs
-    pytest.param(16, 32, 8, 128, 128, id="llama"),        # 32+8 heads of 128 (issue 4's shape)
-    pytest.param(3, 48, 4, 128, 128, id="many-heads"),    # 48 q heads > a 32-head tile: the looped path
-]
+# ---- the table, through forward_kernel -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens,num_q,num_k,head_size,rotary_dim", CASES)
-def test_rotary_in_place(dtype, is_neox, tokens, num_q, num_k, head_size, rotary_dim):
-    qkv, q, k = qkv_buffer(tokens, num_q, num_k, head_size, dtype)
-    before = qkv.clone()
-    cache = make_cache(4096, rotary_dim, dtype)
-    positions = torch.randint(0, 4096, (tokens,), generator=torch.Generator().manual_seed(1))
-    want_q = ref_rotary(positions, q, head_size, cache, is_neox)
-    want_k = ref_rotary(positions, k, head_size, cache, is_neox)
+@pytest.mark.parametrize("is_neox", STYLES, ids=style_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", SIZES["small"], ids=lambda c: c.label)
+def test_rotary_in_place(case, dtype, is_neox):
+    kv_heads = case.kv_heads or 0
+    qkv, q, k = qkv_buffer(case.tokens, case.heads, max(kv_heads, 1), case.head_size, dtype)
+    key = k if kv_heads else None
+    before, q0, k0 = qkv.clone(), q.clone(), None if key is None else key.clone()
+    op = case.build(is_neox, dtype)
+    positions, _, _ = case.inputs(dtype, generator=torch.Generator().manual_seed(1))
+    with as_cpu_kernel("rotary_embedding", rotary.rotary_embedding) as calls:
+        out_q, out_k = op.forward_kernel(positions, q, key)
+    assert len(calls) == 1, "forward_kernel did not reach the Triton launcher"
+    assert out_q is q and out_k is key
+    check_rope_outputs(op, positions, q0, k0, out_q, out_k, products_rounded=False)
+    # exact bits where nothing rotates: lanes past rotary_dim (and the key when there is none), and v
+    heads, heads_before = qkv.view(case.tokens, -1, case.head_size), before.view(case.tokens, -1, case.head_size)
+    assert torch.equal(heads[:, :, case.rotary_dim:], heads_before[:, :, case.rotary_dim:])
+    first_untouched = (case.heads + kv_heads) * case.head_size
+    assert torch.equal(qkv[:, first_untouched:], before[:, first_untouched:])
 
-    assert rotary.rotary_embedding(positions, q, k, head_size, cache, is_neox) is None
-    assert_close(q, want_q, what="query")
-    assert_close(k, want_k, what="key")
-    # exact bits where nothing rotates: lanes past rotary_dim, and v
-    heads = qkv.view(tokens, -1, head_size)
-    assert torch.equal(heads[:, :, rotary_dim:], before.view(tokens, -1, head_size)[:, :, rotary_dim:])
-    assert torch.equal(qkv[:, (num_q + num_k) * head_size:], before[:, (num_q + num_k) * head_size:])
+
+@pytest.mark.parametrize("fp32", [False, True], ids=["in-dtype", "fp32-compute"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", APPLY, ids=lambda c: c.label)
+def test_apply_rotary_emb(case, dtype, fp32):
+    """ApplyRotaryEmb's forward_kernel runs the same kernel on a copy of x."""
+    x, cos, sin = case.inputs(dtype, generator=torch.Generator().manual_seed(1))
+    x0 = x.clone()
+    with as_cpu_kernel("rotary_embedding", rotary.rotary_embedding) as calls:
+        got = case.build(fp32).forward_kernel(x, cos, sin)
+    assert len(calls) == 1 and torch.equal(x, x0)
+    check_apply_output(got, x, cos, sin, case.neox, fp32, products_rounded=False)
+
+
+# ---- the launcher directly ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
@@ -144,6 +161,7 @@ def cpu_kernel():
     lib._destroy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 def test_through_torch_ops(cpu_kernel, is_neox):
     """Dispatch reaches the launcher (bits equal to a direct call), opcheck passes (the schema
