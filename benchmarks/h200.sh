@@ -6,7 +6,7 @@
 # tree's kernels (customop column only) with the same runner args, then compares it with this
 # tree's run (benchmarks/compare.py -> $OUT/compare.md). SKIP_TESTS=1 / SKIP_BENCH=1 skip a part.
 set -uo pipefail
-out=${OUT:-h200-out}; mkdir -p "$out"
+out=${OUT:-h200-out}; mkdir -p "$out"; out=$(cd "$out" && pwd)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 unset TRITON_INTERPRET
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -14,8 +14,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 if [ -n "${BASELINE_TREE:-}" ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
   ( cd "$BASELINE_TREE" && python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
-      && timeout 300 python3 -m customop.benchmarks.runner --impls customop --out "$OLDPWD/$out/baseline" "$@" \
-         >"$OLDPWD/$out/baseline.log" 2>&1 ) || echo "baseline run failed: see $out/baseline.log"
+      && timeout 300 python3 -m customop.benchmarks.runner --impls customop --out "$out/baseline" "$@" \
+         >"$out/baseline.log" 2>&1 ) || echo "baseline run failed: see $out/baseline.log"
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
