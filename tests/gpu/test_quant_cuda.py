@@ -1,15 +1,15 @@
-"""fp8 quant kernels on the GPU at real sizes (up to 32768 x 8192): exact fp8 bits and scales
-against references written here; outputs inside guard-padded buffers; CUDA-graph capture and
-replay; compute-sanitizer memcheck over one launch of every quant and rotary kernel variant
-(``python -m tests.gpu.test_quant_cuda`` is that launch list).
+"""fp8 quant kernels on the GPU: every kernel mode of the table (``customop/samples/quant.py``)
+through ``forward_kernel`` at the real sizes (up to 32768 x 8192), scales exactly and fp8 bits
+against the float64 references (``tests/cases/quant.py``, torch's own fp32 -> fp8 cast); strided
+and clamping launches; the fused RMSNorm + quant; outputs inside guard-padded buffers; CUDA-graph
+capture and replay; compute-sanitizer memcheck over one launch of every quant and rotary kernel
+variant (``python -m tests.gpu.test_quant_cuda`` is that launch list).
 
-The references compute in float64 the exact fp32 value the spec rounds: ``fp32(amax / max)`` (a
-true division; float64 then fp32 is innocuous double rounding for one operation), ``fp32(1 /
-scale)``, ``fp32(x * inv)`` or ``fp32(x / s)``, then torch's own fp32 -> fp8 cast. Note: torch's
-CUDA ``tensor / python_float`` multiplies by the reciprocal instead (BinaryDivTrueKernel.cu), so
-the library's reference (customop.math.quant) run on CUDA tensors gives scales one ulp off in about half
-the rows; on CPU tensors it divides, and test_matches_library_reference_on_cpu checks the kernel
-against it bit for bit.
+The references compute in float64 the exact fp32 value the spec rounds (tests/cases/quant.py).
+Note: torch's CUDA ``tensor / python_float`` multiplies by the reciprocal instead
+(BinaryDivTrueKernel.cu), so the library's reference (customop.math.quant) run on CUDA tensors
+gives scales one ulp off in about half the rows; on CPU tensors it divides, and
+test_matches_library_reference_on_cpu checks the kernel against it bit for bit.
 """
 
 from __future__ import annotations
@@ -22,23 +22,22 @@ import sys
 import pytest
 import torch
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+from customop.samples.quant import DTYPES, KERNEL_CASES, NORM_QUANT
+from tests.cases import quant as cases
+
+pytestmark = pytest.mark.cuda
 
 FP8, MAX = torch.float8_e4m3fn, 448.0
 MIN_SCALE = 1.0 / (MAX * 512.0)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHAPES = ((1, 8192), (16, 8192), (7, 4231), (256, 4096), (4096, 8192), (32768, 8192))
+#: fp16 and fp32 (covered by the interpreter tier too): a mid size, the odd one, a large one
+FEWER = ((16, 8192), (7, 4231), (4096, 8192))
 
 
 @pytest.fixture(scope="module")
-def kernels():
-    import triton
-
+def kernels(cuda_kernels):
     from customop.backends.triton import fused_norm_quant, quant
 
-    if not isinstance(quant.row_quant_kernel, triton.runtime.jit.JITFunction):
-        pytest.fail("the Triton kernels were imported under TRITON_INTERPRET=1: "
-                    "run `pytest -m cuda tests/gpu` on its own")
     return quant, fused_norm_quant
 
 
@@ -53,8 +52,8 @@ def fp32(t):
     return t.to(torch.float32)
 
 
-def ref_scale(amax64, max_=MAX, min_scale=MIN_SCALE):
-    return torch.maximum(fp32(amax64 / max_), torch.tensor(min_scale, dtype=torch.float32, device=amax64.device))
+def ref_scale(amax64):
+    return cases.ref_scale(amax64, FP8)
 
 
 def ref_mul(x, scale, max_=MAX, dtype=FP8):
@@ -63,92 +62,67 @@ def ref_mul(x, scale, max_=MAX, dtype=FP8):
 
 
 def assert_bits(got, want, what):
-    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape, got.dtype, want.dtype)
-    bad = got.view(torch.uint8) != want.view(torch.uint8)
-    if bad.any():
-        idx = bad.nonzero()[:4].tolist()
-        raise AssertionError(f"{what}: {int(bad.sum())} of {got.numel()} fp8 values differ, first at {idx}: "
-                             f"got {got.float()[bad][:4].tolist()} want {want.float()[bad][:4].tolist()}")
+    cases.assert_same_bits(got, want, what)
 
 
-# ---- exact bits at real sizes ----------------------------------------------------------------
+# ---- the table at real sizes --------------------------------------------------------------------
 
 
-def test_per_token(kernels):
-    quant = kernels[0]
-    for i, shape in enumerate(SHAPES):
-        ub = torch.tensor([40.0], device="cuda") if i % 2 else None  # scale_ub on every other shape
-        x = _x(shape)
-        q, scale = quant.dynamic_per_token_scaled_fp8_quant(x, ub, FP8, MAX, MIN_SCALE)
-        amax = x.double().abs().amax(-1, keepdim=True)
-        if ub is not None:
-            amax = amax.clamp(max=40.0)
-        want_scale = ref_scale(amax)
-        assert torch.equal(scale, want_scale), f"scales {shape}"
-        assert_bits(q, ref_mul(x, want_scale), f"q {shape}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: c.label)
+def test_real_sizes(kernels, case, dtype):
+    op = cases.build(case, FP8, platform=cases.Fp8Cuda(FP8))
+    shapes = case.shapes("real")
+    if dtype != torch.bfloat16:
+        shapes = tuple(s for s in FEWER if s in shapes)
+    for shape in shapes:
+        x = case.input(shape, dtype, device="cuda")
+        kwargs = case.call_kwargs(x, MAX)
+        out = cases.forward_kernel(op, x, kwargs)
+        torch.cuda.synchronize()
+        cases.check_against_reference(case, x, out, FP8, kwargs)
+        del x, out
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
-def test_per_token_other_dtypes_and_strided(kernels, dtype):
+# ---- launches the op never makes ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_per_token_strided(kernels, dtype):
     quant = kernels[0]
     wide = _x((4096, 8192 + 64), dtype)
-    x = wide[:, :8192]  # row stride > H
+    x = wide[:, :8192]  # row stride > H (forward_kernel would copy it)
     q, scale = quant.dynamic_per_token_scaled_fp8_quant(x, None, FP8, MAX, MIN_SCALE)
     want_scale = ref_scale(x.double().abs().amax(-1, keepdim=True))
     assert torch.equal(scale, want_scale)
     assert_bits(q, ref_mul(x, want_scale), "q")
 
 
-def test_per_tensor_dynamic_and_static(kernels):
+def test_static_scale_that_clamps(kernels):
+    """A static scale small enough that the outliers saturate at +-448."""
     quant = kernels[0]
-    for shape in SHAPES + ((3, 5, 1000),):
+    for shape in ((16, 8192), (7, 4231), (4096, 8192), (32768, 8192), (3, 5, 1000)):
         x = _x(shape)
-        q, scale = quant.dynamic_scaled_fp8_quant(x, FP8, MAX, MIN_SCALE)
-        want_scale = ref_scale(x.double().abs().amax().reshape(1))
-        assert torch.equal(scale, want_scale), f"scale {shape}"
-        assert_bits(q, ref_mul(x, want_scale), f"dynamic q {shape}")
         static_scale = torch.tensor([0.02], device="cuda")
         q_static = quant.static_scaled_fp8_quant(x, static_scale, FP8, MAX)
         assert_bits(q_static, ref_mul(x, static_scale), f"static q {shape}")
+        assert (q_static.float().abs() == MAX).any()
 
 
-@pytest.mark.parametrize("column_major,ue8m0", [(False, False), (True, True), (True, False)])
-def test_per_token_group(kernels, column_major, ue8m0):
-    quant = kernels[0]
-    for shape, group in (((32768, 8192), 128), ((4096, 7168), 128), ((7, 4224), 64), ((1, 8192), 128)):
-        x = _x(shape)
-        q, scales = quant.per_token_group_fp8_quant(x, group, column_major, ue8m0, FP8, MAX, MIN_SCALE)
-        xg = x.double().unflatten(-1, (-1, group))
-        s = ref_scale(xg.abs().amax(-1, keepdim=True))
-        if ue8m0:
-            mant, exp = torch.frexp(s.double())
-            s = fp32(torch.ldexp(torch.ones_like(mant), torch.where(mant == 0.5, exp - 1, exp)))
-        want_q = fp32(xg / s.double()).clamp(-MAX, MAX).flatten(-2).to(FP8)
-        want_scales = s.squeeze(-1)
-        assert scales.shape == want_scales.shape
-        if column_major:
-            assert scales.stride() == (1, shape[0]), scales.stride()
-        assert torch.equal(scales, want_scales), f"scales {shape}"
-        assert_bits(q, want_q, f"q {shape}")
-
-
-@pytest.mark.parametrize("weight", ["same", "fp32", None])
-def test_rms_norm_quant(kernels, weight):
+@pytest.mark.parametrize("case", NORM_QUANT, ids=lambda c: c.label)
+def test_rms_norm_quant(kernels, case):
     """Scales within one bf16 ulp of the float64 reference; fp8 values equal to the reference
     normalised value quantized with the kernel's scale, except at most 1e-4 of them one step away
     (the fp32 sum of squares runs in another order, which can move y by one bf16 ulp)."""
     fused = kernels[1]
     for shape in ((1, 8192), (7, 4231), (4096, 8192), (32768, 8192)):
         x = _x(shape)
-        w = None if weight is None else (torch.randn(shape[-1], device="cuda") * 0.2 + 1).to(
-            torch.bfloat16 if weight == "same" else torch.float32)
-        q, scale = fused.rms_norm_dynamic_per_token_fp8_quant(x, w, 1e-6, None, FP8, MAX, MIN_SCALE)
-        xd = x.double()
-        y = fp32(xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + fp32(torch.tensor(1e-6)).item()))
-        if w is not None:
-            y = fp32(y.to(w.dtype).double() * w.double()).to(w.dtype)
-        y = y.to(x.dtype)
-        want_scale = ref_scale(y.double().abs().amax(-1, keepdim=True))
+        w = case.weight_for(shape[-1], torch.bfloat16, device="cuda")
+        ub = torch.tensor([1.5], device="cuda") if case.scale_ub else None
+        q, scale = fused.rms_norm_dynamic_per_token_fp8_quant(x, w, 1e-6, ub, FP8, MAX, MIN_SCALE)
+        y = cases.ref_rms_norm(x, w, 1e-6, cases.round_to)
+        amax = y.double().abs().amax(-1, keepdim=True)
+        want_scale = ref_scale(amax if ub is None else amax.clamp(max=1.5))
         torch.testing.assert_close(scale, want_scale, rtol=2 ** -7, atol=0)
         got, want = q.float(), ref_mul(y, scale).float()
         differ = got != want

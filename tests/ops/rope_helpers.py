@@ -4,7 +4,6 @@ references are in tests/cases/rotary.py."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import customop
 from customop.ops.rotary_embedding import apply_rotary as apply_module, base as rope_base, clear_rope_cache

@@ -13,7 +13,7 @@ import customop
 from customop.ops.rotary_embedding import (
     ApplyRotaryEmb, DualChunkRotaryEmbedding, RotaryEmbedding, apply_rotary as apply_module, base as rope_base)
 from customop.platforms import CudaPlatform
-from customop.samples.rotary import APPLY, BY_LABEL, DTYPES, MAX_POS, SIZES, STYLES, RopeCase, style_id
+from customop.samples.rotary import APPLY, DTYPES, MAX_POS, SIZES, STYLES, RopeCase, style_id
 from customop.testing import assert_conforms, forced_platform, randn
 from tests.cases.rotary import EPS32, assert_rotated, check_apply_output, check_rope_outputs, inv_freq64, rope_reference
 from tests.ops.rope_helpers import _compile_off_and_fresh_rope_cache  # noqa: F401  (autouse fixture)

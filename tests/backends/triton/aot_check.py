@@ -53,7 +53,7 @@ ALIGNED_NORM = ("x_ptr", "res_ptr", "out_ptr", "w_ptr", "n_cols", "x_stride", "r
 _GATED_SIG = {"x_ptr": P, "z_ptr": P, "out_ptr": P, "w_ptr": P, "n_rows": "i32", "group_size": "i32",
               "x_stride": "i32", "z_stride": "i32", "out_stride": "i32", "eps": "fp32"}
 _AND_MUL_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
-                "gate_offset": "i32", "up_offset": "i32", "threshold": "fp32"}
+                "gate_offset": "i32", "up_offset": "i32", "param": "fp32"}
 _OAI_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
             "alpha": "fp32", "limit": "fp32"}
 _SPARSE_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
@@ -88,7 +88,7 @@ def cases():
     yield "gated group 1024 x4 rows", g, _GATED_SIG, const, 4, gal
     const = {"HAS_Z": True, "NORM_BEFORE_GATE": True, "SIGMOID": False, "SINGLE_TILE": False, "BLOCK_M": 1, "BLOCK_N": 8192}
     yield "gated looped", g, _GATED_SIG, const, 16, gal
-    for name, code in (("silu", act.SILU), ("gelu", act.GELU), ("fatrelu", act.FATRELU)):
+    for name, code in (("silu", act.SILU), ("gelu", act.GELU), ("fatrelu", act.FATRELU), ("swiglustep", act.SWIGLUSTEP)):
         yield f"and_mul {name} 1x2048", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": code.value, "BLOCK_M": 1, "BLOCK_N": 2048}, 4, ROW_ALIGNED
     yield "and_mul silu 1x512", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": act.SILU.value, "BLOCK_M": 1, "BLOCK_N": 512}, 1, ROW_ALIGNED
     yield "and_mul silu 16x128", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": act.SILU.value, "BLOCK_M": 16, "BLOCK_N": 128}, 4, ROW_ALIGNED

@@ -1,15 +1,18 @@
-"""fp8 quant Triton kernels under TRITON_INTERPRET=1 (CPU tensors), against references written here.
+"""fp8 quant Triton kernels under TRITON_INTERPRET=1 (CPU tensors): every mode of the table
+(``customop/samples/quant.py``) that has a kernel, through ``forward_kernel`` (the launcher as the
+CPU kernel of its ``customop::`` op), against the float64 references (``tests/cases/quant.py``);
+then the launchers directly (strided layouts, clamping static scales, 1-D input, the looped rows,
+zeros, a partial last group, the fused RMSNorm + quant) and through ``torch.ops.customop``.
 
-How fp8 outputs are compared: the references below compute, in float64, the exact fp32 value the
-kernel must round (scale = fp32(amax / max) is correctly rounded because double rounding through
-float64 is innocuous for one fp32 division; likewise 1/scale, x * inv and x / s), then round it
-to fp8 with a one-line Triton cast kernel. Under the interpreter that cast has the interpreter's
-own fp32->fp8 bug (the rounding carry into the exponent is dropped: 7.84 -> 4.0,
-research/kernel-testing-on-cpu.md), so the comparison is bit-exact and still tests the kernel's
-math; on a GPU the same helper is the hardware cast. Exact bits against torch's own cast are
-checked on the H200 (tests/gpu/test_quant_cuda.py). Outputs are poisoned before each launch
-(conftest's ``poison_empty``: NaN, which is 0x7f in e4m3fn and 0x80 in e4m3fnuz, values the
-clamped kernels never write).
+How fp8 outputs are compared: the references compute, in float64, the exact fp32 value the kernel
+must round (scale = fp32(amax / max) is correctly rounded because double rounding through float64
+is innocuous for one fp32 division; likewise 1/scale, x * inv and x / s), then round it to fp8
+with a one-line Triton cast kernel. Under the interpreter that cast has the interpreter's own
+fp32->fp8 bug (the rounding carry into the exponent is dropped: 7.84 -> 4.0), so the comparison is
+bit-exact and still tests the kernel's math; on a GPU the same helper is the hardware cast. Exact
+bits against torch's own cast are checked on the H200 (tests/gpu/test_quant_cuda.py). Outputs are
+poisoned before each launch (conftest's ``poison_empty``: NaN, which is 0x7f in e4m3fn and 0x80 in
+e4m3fnuz, values the clamped kernels never write).
 """
 
 from __future__ import annotations
@@ -21,13 +24,17 @@ import torch
 import triton
 import triton.language as tl
 
-import customop.ops  # noqa: F401  (defines torch.ops.customop.*)
 from customop.backends.triton import fused_norm_quant, quant
 from customop.backends.triton._tuning import override
+from customop.samples.quant import CASES, DTYPES, FP8_DTYPES, KERNEL_CASES, NORM_QUANT
+from tests.backends.triton.conftest import as_cpu_kernel
+from tests.cases import quant as cases
+
+pytestmark = pytest.mark.interpret
 
 FP8 = [pytest.param(torch.float8_e4m3fn, 448.0, id="e4m3fn"),
        pytest.param(torch.float8_e4m3fnuz, 224.0, id="e4m3fnuz")]
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+LAUNCHERS = {**quant.KERNELS, **fused_norm_quant.KERNELS}
 
 
 def min_scale_of(fp8_max: float) -> float:
@@ -66,7 +73,8 @@ def interpreter_handles(dtype: torch.dtype) -> bool:
 
 @pytest.fixture(autouse=True)
 def _skip_unsupported_fp8(request):
-    dtype = getattr(request.node, "callspec", None) and request.node.callspec.params.get("fp8_dtype")
+    params = request.node.callspec.params if hasattr(request.node, "callspec") else {}
+    dtype = params.get("fp8_dtype")
     if dtype is not None and not interpreter_handles(dtype):
         pytest.skip(f"triton {triton.__version__}'s interpreter has no {dtype}")
 
@@ -107,7 +115,28 @@ def sample(shape, dtype, seed=0, layout="contiguous") -> torch.Tensor:
     return x[..., : shape[-1]] if layout == "strided" else x
 
 
-# ---- per token ---------------------------------------------------------------------------------
+# ---- the table, through forward_kernel -----------------------------------------------------------
+
+KERNEL_PARAMS = [pytest.param(c, s, id=f"{c.label}-{'x'.join(map(str, s))}")
+                 for c in KERNEL_CASES for s in c.shapes("small")]
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case,shape", KERNEL_PARAMS)
+def test_kernel_matches_reference(case, shape, dtype, fp8_dtype, poison_empty):
+    """Scales exactly and q bit for bit (through the interpreter's own fp8 cast), padding rows,
+    the scales' layout."""
+    x = case.input(shape, dtype, generator=torch.Generator().manual_seed(CASES.index(case)))
+    op = cases.build(case, fp8_dtype)
+    kwargs = case.call_kwargs(x, cases.FP8_MAX[fp8_dtype])
+    with as_cpu_kernel(case.kernel, LAUNCHERS[f"customop::{case.kernel}"]) as calls:
+        out = cases.forward_kernel(op, x, kwargs)
+    assert len(calls) == 1, "forward_kernel did not reach the Triton launcher"
+    cases.check_against_reference(case, x, out, fp8_dtype, kwargs, cast=triton_cast, ties_either_way=True)
+
+
+# ---- per token (layouts the op never passes: forward_kernel makes x contiguous) ------------------
 
 
 def ref_per_token(x, scale_ub, fp8_dtype, fp8_max, min_scale):
@@ -121,10 +150,7 @@ def ref_per_token(x, scale_ub, fp8_dtype, fp8_max, min_scale):
 @pytest.mark.parametrize("fp8_dtype,fp8_max", FP8)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,layout,use_ub", [
-    ((1, 64), "contiguous", False),
     ((7, 4224), "strided", True),   # a row that is not a power of two, row stride > H
-    ((33, 256), "contiguous", True),  # several rows per program
-    ((3, 5, 320), "contiguous", False),
 ])
 def test_per_token(poison_empty, dtype, fp8_dtype, fp8_max, shape, layout, use_ub):
     x = sample(shape, dtype, layout=layout)
@@ -155,11 +181,11 @@ def test_per_token_looped_rows(poison_empty, dtype):
 
 @pytest.mark.parametrize("fp8_dtype,fp8_max", FP8)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,layout", [((1, 16), "contiguous"), ((33, 4224), "contiguous"),
-                                          ((9, 1000), "strided"), ((5,), "contiguous")])
+@pytest.mark.parametrize("shape,layout", [((33, 4224), "contiguous"), ((9, 1000), "strided"), ((5,), "contiguous")])
 def test_dynamic_per_tensor(poison_empty, dtype, fp8_dtype, fp8_max, shape, layout):
     """(33, 4224) runs kernel 1 as a persistent loop (more tiles than partials) and kernel 2 over
-    its tiles in reverse; the others (<= 32768 elements) the one-program kernel."""
+    its tiles in reverse (the table's sizes are all below 32768 elements: the one-program kernel);
+    a strided view; a 1-D input."""
     x = sample(shape, dtype, seed=1, layout=layout)
     ms = min_scale_of(fp8_max)
     q, scale = quant.dynamic_scaled_fp8_quant(x, fp8_dtype, fp8_max, ms)
@@ -206,26 +232,6 @@ def ref_group(x, group_size, column_major, ue8m0, fp8_dtype, fp8_max, min_scale)
     return triton_cast(pre, fp8_dtype), scales
 
 
-@pytest.mark.parametrize("fp8_dtype,fp8_max", FP8)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,group_size,column_major,ue8m0", [
-    ((7, 4096), 128, False, False),
-    ((7, 4096), 128, True, True),
-    ((33, 384), 128, True, False),   # groups of a program span rows
-    ((1, 256), 64, False, True),
-    ((2, 5, 256), 128, True, True),  # batched column-major: a [2, 2, 5] buffer transposed
-])
-def test_group(poison_empty, dtype, fp8_dtype, fp8_max, shape, group_size, column_major, ue8m0):
-    x = sample(shape, dtype, seed=4)
-    x[..., 0, :group_size] = 0  # an all-zero group
-    ms = min_scale_of(fp8_max)
-    q, scales = quant.per_token_group_fp8_quant(x, group_size, column_major, ue8m0, fp8_dtype, fp8_max, ms)
-    want_q, want_scales = ref_group(x, group_size, column_major, ue8m0, fp8_dtype, fp8_max, ms)
-    assert scales.shape == want_scales.shape and scales.stride() == want_scales.stride()
-    assert torch.equal(scales, want_scales)
-    assert_same_bits(q, want_q)
-
-
 def test_group_partial_last_group(poison_empty):
     """H not a multiple of G (the launcher pads like the spec; the op entry point rejects it)."""
     x = sample((3, 200), torch.bfloat16, seed=5)
@@ -238,45 +244,33 @@ def test_group_partial_last_group(poison_empty):
 # ---- fused rms_norm + per-token quant ------------------------------------------------------------
 
 
-def ref_rms_norm(x, weight, eps, round_to):
-    """RMSNorm in float64 with the reference's roundings (to the weight dtype, multiply there, to
-    x's dtype), each rounding done by ``round_to(value64, dtype)``."""
-    xd = x.double()
-    y = xd / torch.sqrt(xd.pow(2).mean(dim=-1, keepdim=True) + fp32(torch.tensor(eps, dtype=torch.float64)))
-    if weight is not None:
-        y = round_to(y, weight.dtype).double() * weight.double()
-        y = round_to(y, weight.dtype).double()
-    return round_to(y, x.dtype)
-
-
 def _round_like_interpreter(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 first, then to ``dtype``; the interpreter truncates fp32 -> bf16 (kernel-testing-on-cpu.md)."""
+    """fp32 first, then to ``dtype``; the interpreter truncates fp32 -> bf16 (not round to nearest)."""
     v = fp32(v)
     if dtype == torch.bfloat16:
         return (v.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
     return v.to(dtype)
 
 
+#: a size per row of the table's NORM_QUANT: an odd row length, several rows per program, one
+#: row, a 3-D input
+NORM_QUANT_SHAPES = ((7, 4224), (33, 256), (1, 4096), (2, 3, 384))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("weight_kind,use_ub,shape", [
-    ("same", False, (7, 4224)),
-    ("none", True, (33, 256)),
-    ("fp32", True, (1, 4096)),
-    ("same", True, (2, 3, 384)),
-])
-def test_rms_norm_quant(poison_empty, dtype, weight_kind, use_ub, shape):
+@pytest.mark.parametrize("case,shape", list(zip(NORM_QUANT, NORM_QUANT_SHAPES)), ids=lambda v: getattr(v, "label", None))
+def test_rms_norm_quant(poison_empty, dtype, case, shape):
     """Scales within 2 bf16 ulps of the float64 reference; q against the reference normalised
     value quantized with the kernel's own scale: equal bits except where the kernel's fp32
     normalisation (summed in another order) lands one ulp of x's dtype away, which may move an
     fp8 value by one step (or two, through the interpreter's dropped carry)."""
     x = sample(shape, dtype, seed=6)
     eps = 1e-6
-    weight = {"none": None, "same": torch.randn(shape[-1]).to(dtype) * 0.5 + 1,
-              "fp32": torch.randn(shape[-1]) * 0.5 + 1}[weight_kind]
-    ub = torch.tensor([1.5]) if use_ub else None
+    weight = case.weight_for(shape[-1], dtype)
+    ub = torch.tensor([1.5]) if case.scale_ub else None
     q, scale = fused_norm_quant.rms_norm_dynamic_per_token_fp8_quant(x, weight, eps, ub, torch.float8_e4m3fn,
                                                                      448.0, min_scale_of(448.0))
-    y = ref_rms_norm(x, weight, eps, _round_like_interpreter)
+    y = cases.ref_rms_norm(x, weight, eps, _round_like_interpreter)
     _, want_scale = ref_per_token(y, ub, torch.float8_e4m3fn, 448.0, min_scale_of(448.0))
     assert scale.shape == (*shape[:-1], 1)
     torch.testing.assert_close(scale, want_scale, rtol=2 ** -7, atol=0)
@@ -293,7 +287,7 @@ def test_rms_norm_quant_looped_rows(poison_empty):
     with override("rows", single_tile=False, block_n=1024, block_m=1):
         q, scale = fused_norm_quant.rms_norm_dynamic_per_token_fp8_quant(x, weight, 1e-5, None, torch.float8_e4m3fn,
                                                                          448.0, min_scale_of(448.0))
-    y = ref_rms_norm(x, weight, 1e-5, _round_like_interpreter)
+    y = cases.ref_rms_norm(x, weight, 1e-5, _round_like_interpreter)
     _, want_scale = ref_per_token(y, None, torch.float8_e4m3fn, 448.0, min_scale_of(448.0))
     torch.testing.assert_close(scale, want_scale, rtol=1e-6, atol=0)
     differ = q.float() != ref_quant_mul(y, scale, torch.float8_e4m3fn, 448.0).float()
@@ -301,9 +295,6 @@ def test_rms_norm_quant_looped_rows(poison_empty):
 
 
 # ---- through torch.ops.customop, with the launchers registered for CPU tensors -----------------
-
-
-LAUNCHERS = {**quant.KERNELS, **fused_norm_quant.KERNELS}
 
 
 @pytest.fixture
@@ -332,6 +323,7 @@ def _bits(out):
     return [t.view(torch.uint8) if t.dtype.itemsize == 1 else t for t in (out if isinstance(out, tuple) else (out,))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(_op_cases()))
 def test_through_torch_ops(cpu_kernels, name):
     """Dispatch reaches the launcher (same bits as a direct call); opcheck passes; the op runs
