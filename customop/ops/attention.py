@@ -1,0 +1,214 @@
+"""Attention: ``MMEncoderAttention`` (``mm_encoder_attn``), the multimodal encoder's attention with
+vLLM 0.33's constructor and call.
+
+Bidirectional attention without a KV cache over packed sequences: ``cu_seqlens`` marks the
+segments (images, windows) of the sequence dim, and attention never crosses a segment (docs/attention.md).
+The spec (``customop/math/attention.py``) is vLLM's SDPA path: one SDPA per segment.
+
+Paths: ``forward_native`` runs the spec; ``forward_cpu`` the spec with runs of equal-length
+segments batched into one SDPA each (bitwise the spec, measured faster: backends/cpu/attention.py);
+``forward_cuda = forward_xpu = forward_tpu`` call ``forward_kernel``, which packs the tokens to
+``[T, H, D]`` and calls ``torch.ops.customop.mm_encoder_attn``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from customop.backends.cpu.attention import encoder_attention_by_runs
+from customop.config import get_config
+from customop.custom_op import CustomOp
+from customop.math.attention import encoder_attention, segment_lengths  # noqa: F401  (the spec, re-exported)
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_OP = "customop.mm_encoder_attn"
+
+
+def _check_tensor(arg: str, t: Any) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{_OP}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_cu_seqlens(cu_seqlens: Any, query: torch.Tensor) -> None:
+    _check_tensor("cu_seqlens", cu_seqlens)
+    if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
+        raise TypeError(f"{_OP}: cu_seqlens must be an integer tensor (int32), got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"{_OP}: cu_seqlens must be 1-D with at least 2 entries ([0, ..., seq_len]), "
+                         f"got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != query.device and cu_seqlens.device.type != "cpu":
+        raise ValueError(f"{_OP}: cu_seqlens is on {cu_seqlens.device}; it must be on query's device "
+                         f"({query.device}) or the CPU")
+
+
+def _host_max_seqlen(max_seqlen: Any) -> int | None:
+    """``max_seqlen`` as a Python int (a 0-d or 1-element tensor is read; free on the CPU), or
+    None when not given or not readable (a tensor inside a trace)."""
+    if max_seqlen is None:
+        return None
+    if isinstance(max_seqlen, torch.Tensor):
+        if max_seqlen.numel() != 1 or max_seqlen.is_floating_point():
+            raise ValueError(f"{_OP}: max_seqlen must be an int or a 1-element integer tensor, "
+                             f"got {max_seqlen.dtype} of shape {tuple(max_seqlen.shape)}")
+        return None if torch.compiler.is_compiling() else int(max_seqlen.item())
+    if isinstance(max_seqlen, torch.SymInt):
+        return max_seqlen
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
+        raise ValueError(f"{_OP}: max_seqlen must be a non-negative int, got {max_seqlen!r}")
+    return max_seqlen
+
+
+@CustomOp.register("mm_encoder_attn")
+class MMEncoderAttention(CustomOp):
+    """Multi-head attention without a cache, for multimodal encoders (vLLM's constructor).
+
+    Args:
+        num_heads: query heads (per tensor-parallel rank).
+        head_size: lanes per head.
+        scale: the softmax scale; ``head_size ** -0.5`` when None.
+        num_kv_heads: key/value heads, dividing ``num_heads`` (GQA/MQA); ``num_heads`` when None.
+        prefix: the layer's name, kept as ``layer_name``.
+
+    ``forward(query, key, value, cu_seqlens=None, max_seqlen=None, sequence_lengths=None)``: query
+    ``[B, S, num_heads * head_size]`` or ``[B, S, num_heads, head_size]``, key/value the same with
+    ``num_kv_heads``, one float dtype; returns query's layout. ``cu_seqlens`` (int32 ``[N + 1]``,
+    on the device or the CPU) splits each row's ``S`` tokens into segments that attend only among
+    themselves (vLLM callers pass ``B = 1``); without it each row is one segment. ``max_seqlen``
+    (int or 1-element tensor; optional) bounds the longest segment. ``sequence_lengths`` is
+    vLLM's FlashInfer-only argument and is ignored.
+
+    Like vLLM's, the op is on by default even when the base mode is ``none`` (Inductor does not
+    fuse attention); unlike vLLM, ``-mm_encoder_attn`` still turns it off.
+    """
+
+    def __init__(self, num_heads: int, head_size: int, scale: float | None = None,
+                 num_kv_heads: int | None = None, prefix: str = "", *, enforce_enable: bool = False) -> None:
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        for arg, value in (("num_heads", num_heads), ("head_size", head_size), ("num_kv_heads", num_kv_heads)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{_OP}: {arg} must be a positive int, got {value!r}")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{_OP}: num_heads ({num_heads}) is not divisible by num_kv_heads ({num_kv_heads})")
+        super().__init__(enforce_enable=enforce_enable)
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = head_size ** -0.5 if scale is None else float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.num_queries_per_kv = num_heads // num_kv_heads
+        self.layer_name = prefix
+
+    @classmethod
+    def enabled(cls) -> bool:
+        return f"-{cls.name}" not in get_config().custom_ops
+
+    # ---- checks (every path) ------------------------------------------------------------------
+
+    def _check(self, query: Any, key: Any, value: Any, cu_seqlens: Any) -> None:
+        for arg, t in (("query", query), ("key", key), ("value", value)):
+            _check_tensor(arg, t)
+        if query.dtype not in _DTYPES:
+            raise TypeError(f"{_OP}: query has dtype {query.dtype}; supported: float32, float16, bfloat16")
+        for arg, t in (("key", key), ("value", value)):
+            if t.dtype != query.dtype:
+                raise TypeError(f"{_OP}: {arg} has dtype {t.dtype}, expected query's {query.dtype}")
+            if t.device != query.device:
+                raise ValueError(f"{_OP}: {arg} is on {t.device} but query is on {query.device}")
+        for arg, t, heads in (("query", query, self.num_heads), ("key", key, self.num_kv_heads),
+                              ("value", value, self.num_kv_heads)):
+            expected = (heads * self.head_size,) if query.dim() == 3 else (heads, self.head_size)
+            if t.dim() not in (3, 4) or t.dim() != query.dim() or tuple(t.shape[2:]) != expected:
+                raise ValueError(f"{_OP}: {arg} has shape {tuple(t.shape)}, expected "
+                                 f"[batch, seq_len, {', '.join(map(str, expected))}] "
+                                 f"({heads} heads of {self.head_size}, the layout of query)")
+            if t.shape[:2] != query.shape[:2]:
+                raise ValueError(f"{_OP}: {arg} has [batch, seq_len] {tuple(t.shape[:2])}, "
+                                 f"expected query's {tuple(query.shape[:2])}")
+        if cu_seqlens is not None:
+            _check_cu_seqlens(cu_seqlens, query)
+
+    def _as_4d(self, t: torch.Tensor, heads: int) -> torch.Tensor:
+        return t.view(*t.shape[:2], heads, self.head_size) if t.dim() == 3 else t
+
+    def _lengths(self, query: torch.Tensor, cu_seqlens: torch.Tensor | None, max_seqlen: Any) -> list[int] | None:
+        """The segment lengths, read and checked on the host (the spec's split needs them)."""
+        if cu_seqlens is None:
+            _host_max_seqlen(max_seqlen)  # checked, not needed
+            return None
+        return segment_lengths(cu_seqlens, query.shape[1], _host_max_seqlen(max_seqlen) or 0)
+
+    def _run_spec(self, spec, query, key, value, cu_seqlens, max_seqlen) -> torch.Tensor:
+        self._check(query, key, value, cu_seqlens)
+        lengths = self._lengths(query, cu_seqlens, max_seqlen)
+        out = spec(self._as_4d(query, self.num_heads), self._as_4d(key, self.num_kv_heads),
+                   self._as_4d(value, self.num_kv_heads), lengths, self.scale)
+        return out.reshape(query.shape) if query.dim() == 3 else out
+
+    # ---- the paths ----------------------------------------------------------------------------
+
+    def forward_native(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       cu_seqlens: torch.Tensor | None = None, max_seqlen: Any = None,
+                       sequence_lengths: torch.Tensor | None = None) -> torch.Tensor:
+        return self._run_spec(encoder_attention, query, key, value, cu_seqlens, max_seqlen)
+
+    def forward_cpu(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    cu_seqlens: torch.Tensor | None = None, max_seqlen: Any = None,
+                    sequence_lengths: torch.Tensor | None = None) -> torch.Tensor:
+        if torch.compiler.is_compiling() and cu_seqlens is not None:
+            # reading the segment lengths would break the caller's graph: the opaque library op
+            # reads them at run time instead
+            return self.forward_kernel(query, key, value, cu_seqlens, max_seqlen)
+        return self._run_spec(encoder_attention_by_runs, query, key, value, cu_seqlens, max_seqlen)
+
+    def forward_cuda(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     cu_seqlens: torch.Tensor | None = None, max_seqlen: Any = None,
+                     sequence_lengths: torch.Tensor | None = None) -> torch.Tensor:
+        return self.forward_kernel(query, key, value, cu_seqlens, max_seqlen)
+
+    forward_xpu = forward_tpu = forward_cuda
+
+    def forward_kernel(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       cu_seqlens: torch.Tensor | None = None, max_seqlen: Any = None) -> torch.Tensor:
+        """The ``torch.ops.customop.mm_encoder_attn`` call every accelerator shares: the batch
+        rows are packed into one sequence (``[B * S, H, D]`` views) with each row's segments
+        offset by ``S``. While autograd records, ``forward_native`` runs (the op has no backward).
+
+        ``cu_seqlens`` is checked against the data here when it is on the CPU (free); on the
+        device, the kernel checks it when it must read it anyway (no ``max_seqlen``) and otherwise
+        trusts it, clamping every segment into the sequence so that a bad one cannot reach
+        memory outside the tensors."""
+        self._check(query, key, value, cu_seqlens)
+        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+            return self.forward_native(query, key, value, cu_seqlens, max_seqlen)
+        batch, seq = query.shape[:2]
+        bound = _host_max_seqlen(max_seqlen)
+        if cu_seqlens is None:
+            bound = seq
+        elif cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
+            bound = max(segment_lengths(cu_seqlens, seq, bound or 0))
+        if batch * seq == 0:
+            return query.new_empty(query.shape)
+        out = torch.ops.customop.mm_encoder_attn(
+            query.reshape(batch * seq, self.num_heads, self.head_size),
+            key.reshape(batch * seq, self.num_kv_heads, self.head_size),
+            value.reshape(batch * seq, self.num_kv_heads, self.head_size),
+            _packed_cu_seqlens(cu_seqlens, batch, seq, query.device), bound or 0, self.scale)
+        return out.view(query.shape)
+
+    def extra_repr(self) -> str:
+        return (f"num_heads={self.num_heads}, head_size={self.head_size}, scale={self.scale:.6g}, "
+                f"num_kv_heads={self.num_kv_heads}")
+
+
+def _packed_cu_seqlens(cu_seqlens: torch.Tensor | None, batch: int, seq: int, device: torch.device) -> torch.Tensor:
+    """The int32 segment offsets of ``batch`` rows of ``seq`` tokens packed one after another:
+    each row's ``cu_seqlens`` (or one segment per row), shifted by the row's start. Device ops
+    only: no host read."""
+    if cu_seqlens is None:
+        return torch.arange(0, batch * seq + 1, seq, dtype=torch.int32, device=device)
+    cu = cu_seqlens.to(device=device, dtype=torch.int32, non_blocking=True)
+    if batch == 1:
+        return cu
+    starts = torch.arange(batch, dtype=torch.int32, device=device) * seq
+    return torch.cat([(cu[:-1][None, :] + starts[:, None]).reshape(-1), cu[-1:] + starts[-1]])

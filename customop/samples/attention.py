@@ -1,0 +1,121 @@
+"""The attention family's case table (``mm_encoder_attn``): what every tier runs, and ``customop check``.
+
+- ``CASES``: head layouts: every head size vLLM's vision encoders use (64, 72, 80, 96, 128), full
+  multi-head, grouped (GQA) and single-key-head (MQA) attention, the 3-D ``[B, S, H * D]`` and 4-D
+  ``[B, S, H, D]`` call forms, the default and an explicit scale.
+- ``SIZES``: per tier, ``Packing(batch, lengths)``: ``lengths`` are the segments of each row's
+  sequence (``cu_seqlens``), or ``None`` with ``seq_len`` for rows without ``cu_seqlens`` (each
+  row one segment). ``"check"``: ``customop check`` / ``assert_conforms``. ``"small"``: the paths
+  emulated on a CPU: a one-token sequence, lengths 1 and 7 and odd mixes with an empty segment,
+  64 segments, two batch rows sharing one ``cu_seqlens``. ``"real"``: the GPU tier: ViT shapes,
+  16384 tokens in 4, 16 and 64 segments, 1024 and 4096 tokens.
+- ``DTYPES``.
+
+The float64 references are the tests' (``tests/cases/attention.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+import torch
+
+from customop.ops.attention import MMEncoderAttention
+from customop.testing import FLOAT_DTYPES, Sample, randn, register_samples
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """``batch`` rows of one packed sequence each: the segments ``lengths`` (``cu_seqlens``), or
+    ``seq_len`` tokens in one segment per row when ``lengths`` is None."""
+
+    batch: int
+    lengths: tuple[int, ...] | None
+    seq_len: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths) if self.lengths is not None else self.seq_len
+
+    @property
+    def label(self) -> str:
+        if self.lengths is None:
+            return f"{self.batch}x{self.seq_len} no cu_seqlens"
+        shown = ",".join(map(str, self.lengths[:6])) + (",..." if len(self.lengths) > 6 else "")
+        return f"{self.batch}x[{shown}] ({len(self.lengths)} segments)"
+
+    def cu_seqlens(self, device: str | torch.device = "cpu") -> torch.Tensor | None:
+        if self.lengths is None:
+            return None
+        return torch.tensor(list(itertools.accumulate(self.lengths, initial=0)), dtype=torch.int32, device=device)
+
+    @property
+    def max_seqlen(self) -> int:
+        return max(self.lengths) if self.lengths is not None else self.seq_len
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCase:
+    label: str
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    four_d: bool = False  # the [B, S, H, D] call form (else [B, S, H * D])
+    scale: float | None = None
+
+    def init_kwargs(self) -> dict[str, Any]:
+        kwargs = {"num_heads": self.num_heads, "head_size": self.head_size, "num_kv_heads": self.num_kv_heads}
+        return kwargs if self.scale is None else {**kwargs, "scale": self.scale}
+
+    def build(self, **kwargs: Any) -> MMEncoderAttention:
+        """The op (the caller's config decides its dispatch); ``kwargs`` go to the constructor."""
+        return MMEncoderAttention(**self.init_kwargs(), **kwargs)
+
+    def shape(self, packing: Packing, heads: int) -> tuple[int, ...]:
+        rows = (packing.batch, packing.tokens)
+        return (*rows, heads, self.head_size) if self.four_d else (*rows, heads * self.head_size)
+
+    def inputs(self, packing: Packing, dtype: torch.dtype, device: str | torch.device = "cpu",
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Random ``(query, key, value)``. Queries and keys at standard deviation 2, so that the
+        softmax is peaked (a kernel that mixes segments or drops a key moves the output)."""
+        q = randn(*self.shape(packing, self.num_heads), dtype=dtype, device=device, scale=2.0, generator=generator)
+        k, v = (randn(*self.shape(packing, self.num_kv_heads), dtype=dtype, device=device, scale=s, generator=generator)
+                for s in (2.0, 1.0))
+        return q, k, v
+
+
+CASES = (
+    AttentionCase("mha d64", 4, 4, 64),
+    AttentionCase("gqa d72", 4, 2, 72),
+    AttentionCase("mqa d80 4d", 4, 1, 80, four_d=True),
+    AttentionCase("gqa d96 4d scale", 6, 2, 96, four_d=True, scale=0.05),
+    AttentionCase("mha d128", 2, 2, 128),
+)
+BY_LABEL = {case.label: case for case in CASES}
+
+#: 64 segments of 1 to 3 tokens
+_MANY = tuple(1 + i % 3 for i in range(64))
+SIZES: dict[str, tuple[Packing, ...]] = {
+    "check": (Packing(1, (1, 7)), Packing(1, (16,)), Packing(2, None, 5)),
+    "small": (Packing(1, (1,)), Packing(1, (7,)), Packing(1, (1, 7, 0, 33, 20)), Packing(1, _MANY),
+              Packing(2, (3, 1, 9)), Packing(2, None, 37)),
+    "real": (Packing(1, (4096,) * 4), Packing(1, (1024,) * 16), Packing(1, (256,) * 64), Packing(1, (1024,)),
+             Packing(1, (4096,)), Packing(1, (1, 7, 4095, 777, 64, 3000)), Packing(3, None, 1025)),
+}
+DTYPES = FLOAT_DTYPES
+
+
+@register_samples("mm_encoder_attn", DTYPES)
+def _samples(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sample]:
+    samples = []
+    for case, packing in itertools.product(CASES, SIZES["check"]):
+        q, k, v = case.inputs(packing, dtype, device, gen)
+        kwargs = {}
+        if packing.lengths is not None:
+            # vLLM passes max_seqlen as a 0-d tensor, kept on the CPU to avoid a device sync
+            kwargs = {"cu_seqlens": packing.cu_seqlens(device), "max_seqlen": torch.tensor(packing.max_seqlen)}
+        samples.append(Sample(case.init_kwargs(), (q, k, v), kwargs, label=f"{case.label} {packing.label}"))
+    return samples
