@@ -97,8 +97,9 @@ def _topk_kernel(
 
 
 def _block_t(n_experts_padded: int) -> int:
-    # about 4K scores per program: enough rows to fill the warps at small E, one row at E >= 1024
-    return max(1, min(16, 4096 // n_experts_padded))
+    # about 1K scores per program at 4 warps: 8 per thread per live tile (logits, scores, choice,
+    # masks); compiled for sm_90, E=256 takes 72 registers at 4 rows, spills at 16
+    return max(1, min(16, 1024 // n_experts_padded))
 
 
 def _launch(gating_output: torch.Tensor, topk: int, renormalize: bool, scoring_func: str,
@@ -118,7 +119,7 @@ def _launch(gating_output: torch.Tensor, topk: int, renormalize: bool, scoring_f
             logits, bias if bias is not None else logits, weights, ids, n_tokens, n_experts, logits.stride(0),
             float(scale), TOPK=topk, BLOCK_K=next_pow2(topk), SOFTMAX=scoring_func == "softmax",
             HAS_BIAS=bias is not None, RENORMALIZE=renormalize, GROUPS=groups, TOPK_GROUP=topk_group,
-            BLOCK_G=next_pow2(groups), BLOCK_T=block_t, BLOCK_E=block_e, num_warps=4 if block_e <= 256 else 8)
+            BLOCK_G=next_pow2(groups), BLOCK_T=block_t, BLOCK_E=block_e, num_warps=4)
     return weights, ids
 
 

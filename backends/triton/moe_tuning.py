@@ -1,0 +1,112 @@
+"""Launch configurations of the MoE kernels: a table per problem shape, read at run time, never
+autotuned on the request path (an autotune times every candidate on the first call of a shape:
+seconds of warm-up inside a request, and a host sync).
+
+A key is ``(device kind, E_local, N = I per rank, K = H, top_k, dtype)``; its value is a tuple of
+``(max_tokens, MoEConfig)`` rows in increasing ``max_tokens``; a call with T tokens takes the
+first row with ``max_tokens >= T`` (the last row beyond). ``MoEConfig`` holds the token block
+(``block_m``, shared by the alignment and both GEMMs) and one ``GemmConfig`` per GEMM, plus the
+route: the Triton grouped GEMM or the ``torch._grouped_mm`` pipeline (``path``).
+
+``TABLE`` is filled from measurements: ``python -m customop.benchmarks.specs.moe --tune`` on the
+GPU times candidate configurations for the benchmark shapes and prints rows to paste here. No
+row has been measured yet (this machine has no GPU), so every shape runs ``default_config``:
+block sizes from the tokens each expert receives, Triton everywhere; the lead's H200 run of the
+benchmark spec decides where ``grouped_mm`` wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    block_m: int
+    gemm1: GemmConfig
+    gemm2: GemmConfig
+    #: "triton" (align + two grouped GEMMs + the top-k sum) or "grouped_mm" (torch._grouped_mm)
+    path: str = "triton"
+
+    def __post_init__(self) -> None:
+        for value in (self.block_m, self.gemm1.block_n, self.gemm1.block_k, self.gemm2.block_n, self.gemm2.block_k):
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"MoEConfig: block sizes must be powers of two >= 16 (tl.dot), got {self}")
+        if self.path not in ("triton", "grouped_mm"):
+            raise ValueError(f"MoEConfig: path must be 'triton' or 'grouped_mm', got {self.path!r}")
+
+
+Key = tuple[str, int, int, int, int, str]
+#: (device kind, E_local, I, H, top_k, dtype name) -> ((max_tokens, MoEConfig), ...)
+TABLE: dict[Key, tuple[tuple[int, MoEConfig], ...]] = {}
+
+_override: list[MoEConfig] = []
+
+
+def default_config(tokens: int, num_experts: int, n: int, k: int, top_k: int, dtype: torch.dtype) -> MoEConfig:
+    """The rule for shapes without a row. The token block follows the rows each expert gets on
+    average (``T * top_k / E``): decode sizes pad every used expert's few rows to one block, so a
+    small block wastes least; prefill sizes want large blocks for weight reuse. GEMM1 keeps two
+    accumulators (gate and up), hence its narrower N block (128 x 128 with two accumulators
+    spills on sm_90). fp32 halves the K block (registers)."""
+    per_expert = tokens * top_k / max(num_experts, 1)
+    block_m = 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64 if per_expert <= 192 else 128
+    block_k = 32 if dtype == torch.float32 else 64
+    warps = 4 if block_m <= 32 else 8
+    gemm1 = GemmConfig(block_n=64, block_k=block_k, num_warps=warps)
+    gemm2 = GemmConfig(block_n=64 if block_m <= 32 else 128, block_k=block_k, num_warps=warps)
+    return MoEConfig(block_m, gemm1, gemm2)
+
+
+def device_kind(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "hip" if torch.version.hip else "cuda"
+    return device.type
+
+
+def config(device: torch.device, tokens: int, num_experts: int, n: int, k: int, top_k: int,
+           dtype: torch.dtype) -> MoEConfig:
+    """The configuration a launch uses: an override (benchmarks, tests), the table's row, or
+    ``default_config``."""
+    if _override:
+        return _override[-1]
+    rows = TABLE.get((device_kind(device), num_experts, n, k, top_k, str(dtype).removeprefix("torch.")))
+    if rows:
+        return next((cfg for max_tokens, cfg in rows if tokens <= max_tokens), rows[-1][1])
+    return default_config(tokens, num_experts, n, k, top_k, dtype)
+
+
+@contextlib.contextmanager
+def override(cfg: MoEConfig) -> Iterator[MoEConfig]:
+    """Every MoE launch inside the block uses ``cfg`` (for the tuning sweep and the tests)."""
+    _override.append(cfg)
+    try:
+        yield cfg
+    finally:
+        _override.pop()
+
+
+def candidates(tokens: int, num_experts: int, top_k: int) -> list[MoEConfig]:
+    """The configurations the tuning sweep times for one shape."""
+    out = []
+    for block_m in (16, 32, 64, 128):
+        if block_m > 16 and tokens * top_k < block_m * 2:
+            continue  # fewer rows than two blocks: a bigger block only adds padding
+        for bn1, bn2, bk, warps, stages in ((64, 64, 64, 4, 3), (64, 128, 64, 4, 4), (64, 128, 64, 8, 3),
+                                            (64, 64, 128, 4, 3), (128, 128, 64, 8, 3), (32, 64, 64, 4, 4)):
+            out.append(MoEConfig(block_m, GemmConfig(bn1, bk, 8, warps, stages), GemmConfig(bn2, bk, 8, warps, stages)))
+    out.append(dataclasses.replace(default_config(tokens, num_experts, 0, 0, top_k, torch.bfloat16), path="grouped_mm"))
+    return out
