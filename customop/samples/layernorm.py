@@ -115,17 +115,14 @@ CASES = (
     NormCase("gemma_fused_add_rms_norm", "gemma_rms_norm", weight="fp32", residual=True, base=True),
     NormCase("gemma_fused_add_rms_norm[x-dtype weight]", "gemma_rms_norm", residual=True),
     # the four gates (norm before/after, silu/sigmoid), each on grouped rows and on the odd 4231
-    # (which no group count divides: whole rows); one whole-row gate (vLLM's group_size=None);
-    # no z, where the gate arguments must be ignored. The weight: the module's default fp32, and
-    # the input's dtype on the base row.
+    # (which no group count divides: whole rows); no z, where the gate arguments must be ignored.
+    # The weight: the module's default fp32, and the input's dtype on the base row.
     NormCase("rms_norm_gated", _GATED, {"activation": "swish"}, gate=True, groups=4, base=True),
     NormCase("rms_norm_gated[norm first, silu]", _GATED, {"norm_before_gate": True, "activation": "silu"},
              weight="fp32", gate=True, groups=4),
     NormCase("rms_norm_gated[sigmoid]", _GATED, {"activation": "sigmoid"}, weight="fp32", gate=True, groups=4),
     NormCase("rms_norm_gated[norm first, sigmoid]", _GATED, {"norm_before_gate": True, "activation": "sigmoid"},
              weight="fp32", gate=True, groups=4),
-    NormCase("rms_norm_gated[whole row]", _GATED, {"activation": "swish"}, weight="fp32", gate=True),
-    NormCase("rms_norm_gated[no z]", _GATED, weight="fp32"),
     NormCase("rms_norm_gated[no z, norm first, sigmoid]", _GATED, {"norm_before_gate": True, "activation": "sigmoid"},
              weight="fp32", groups=4),
 )

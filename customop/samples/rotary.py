@@ -84,7 +84,6 @@ SIZES: dict[str, tuple[RopeCase, ...]] = {
     "small": (
         RopeCase("decode 32+8x128", 1, 32, 8, 128, 128),
         RopeCase("decode 4+2x64", 1, 4, 2, 64, 64),
-        RopeCase("T7 32+8x128", 7, 32, 8, 128, 128),
         RopeCase("T33 32+8x128", 33, 32, 8, 128, 128),
         RopeCase("odd heads 5+3x64", 5, 5, 3, 64, 64),
         RopeCase("partial 3+1x128 rot 64", 7, 3, 1, 128, 64),

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.cuda
 
 MAX_POS = 16384
 #: fp16 and fp32 (covered by the interpreter tier too) on an odd small row and a real one
-FEWER = {torch.float16: ("T7 32+8x128", "T4096 32+8x128"), torch.float32: ("T33 32+8x128", "T4096 32+8x128")}
+FEWER = {torch.float16: ("T33 32+8x128", "T4096 32+8x128"), torch.float32: ("odd rotary 8+2x128 rot 96", "T4096 32+8x128")}
 
 
 @pytest.fixture(scope="module")

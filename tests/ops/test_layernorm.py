@@ -325,6 +325,7 @@ def test_compiles_fullgraph_without_graph_break(cls, call, platform):
 # ---- conformance -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the base rows' check samples cross forward_cpu's compile threshold
 @pytest.mark.parametrize("cls", [RMSNorm, GemmaRMSNorm, RMSNormGated], ids=lambda c: c.name)
 def test_conforms(cls):
     assert_conforms(cls)

@@ -97,6 +97,7 @@ def test_end_to_end_against_exact_angles(is_neox):
 # ---- compile on: the CPU path's compiled branch ----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,is_neox,kv_heads", [
     (torch.float32, True, 8), (torch.bfloat16, True, 8), (torch.float16, True, 8),
     (torch.float32, False, 8), (torch.bfloat16, True, None)],
@@ -227,6 +228,7 @@ def test_apply_rotary_emb(case, dtype, fp32, path):
     check_apply_output(got, x, cos, sin, case.neox, fp32)
 
 
+@pytest.mark.slow
 def test_apply_rotary_emb_cpu_compiled(monkeypatch):
     compile_from(monkeypatch, ApplyRotaryEmb, 0)  # compile on
     gen = torch.Generator().manual_seed(2)
@@ -285,6 +287,7 @@ def test_dual_chunk_five_variants():
 # ---- conformance through the sample builders ----------------------------------------------------
 
 
+@pytest.mark.slow  # the 17-token sample takes the compiled CPU branch
 @pytest.mark.parametrize("op_cls", [RotaryEmbedding, ApplyRotaryEmb, DualChunkRotaryEmbedding],
                          ids=lambda c: c.__name__)
 @pytest.mark.parametrize("platform", [None, CudaWithoutGpu()], ids=["cpu", "cuda-wiring"])

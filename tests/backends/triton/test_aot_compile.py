@@ -11,6 +11,9 @@ import sys
 
 import pytest
 
+# The Triton compiler in a subprocess (TRITON_INTERPRET=0): any session runs it; compile-heavy.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 

@@ -16,6 +16,9 @@ import sys
 
 import pytest
 
+# The Triton compiler in a subprocess (TRITON_INTERPRET=0): any session runs it; compile-heavy.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 _ROT_SIG = {"pos_ptr": "*i64", "q_ptr": "*bf16", "k_ptr": "*bf16", "cache_ptr": "*bf16",
