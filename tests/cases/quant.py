@@ -177,7 +177,9 @@ def check_against_reference(case: QuantCase, x: torch.Tensor, out, fp8: torch.dt
         expected = torch.where(tie & (q.view(torch.uint8) == other.view(torch.uint8)), other, expected)
     assert_same_bits(q, expected, f"{case.label} q")
     if case.init.get("column_major_scales"):
-        assert scale.stride(-2) == 1, f"column-major scales expected, strides {scale.stride()}"
+        # tokens are the fastest dim (with one token both layouts are the same memory, and torch
+        # may report any stride for the size-1 dim)
+        assert scale.stride(-2) == 1 or scale.shape[-2] == 1, f"column-major scales expected, strides {scale.stride()}"
     if case.init.get("tma_aligned_scales") and x.dim() == 2:
         assert scale.stride(-1) == math.ceil(x.shape[0] / 4) * 4, scale.stride()
 
