@@ -8,8 +8,11 @@ The spec walks requests and tokens one at a time, about ten small ATen calls per
 - a prefill scan precomputes ``exp(delta * A)`` and ``delta * x * B`` for blocks of tokens, so the
   sequential part is one multiply-add per token, and reads ``y`` out of the stacked states with
   one contraction per block;
-- Mamba-2 prefill takes the chunked SSD form (matmuls) for requests of at least
-  ``SSD_CHUNKED_FROM`` tokens, where it measured faster than the recurrence.
+- Mamba-2 prefill takes the chunked SSD form (matmuls) once a request reaches
+  ``SSD_CHUNKED_FROM`` tokens, where it measured faster than the recurrence, in chunks of
+  ``SSD_CPU_CHUNK`` tokens whatever the batch's ``chunk_size`` (a tiling choice: the result is the
+  same up to rounding; 32 measured 2-4x faster than 256 on the CPU, whose padded ``L x L`` decay
+  matrices dominate).
 
 Same formulas, same dtypes (fp32 accumulation, inputs rounded to the cache dtype where the spec
 rounds them); only the summation order differs, so results agree with the spec to fp32 rounding.
@@ -25,8 +28,12 @@ from customop.math import mamba as spec
 
 #: tokens per block of the prefill recurrence: the (block, H, P, N) temporaries stay in cache
 SCAN_BLOCK = 32
-#: Mamba-2 prefill requests at least this long take the chunked form (benchmarks/results/cpu_mamba.md)
-SSD_CHUNKED_FROM = 64
+#: Mamba-2 prefill takes the chunked form once a request is this long, with chunks of
+#: SSD_CPU_CHUNK tokens (benchmarks/results/cpu_mamba.md: 1 thread, 8 heads x 32 x 32; at 8 tokens
+#: the recurrence took 355 us and the chunked form 659 us, at 32 tokens 1621 vs 799 us, at 2048
+#: 74 ms vs 18 ms; chunks of 16 / 32 / 64 / 128 at 512 tokens: 5.1 / 4.6 / 6.3 / 13.7 ms)
+SSD_CHUNKED_FROM = 16
+SSD_CPU_CHUNK = 32
 
 
 def causal_conv1d_varlen(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
@@ -50,7 +57,8 @@ def _gather(states: torch.Tensor, slots: torch.Tensor, null_block_id: int, acc: 
     """(each row's state, zero for padding rows; the real rows' mask)."""
     real = (slots >= 0) & (slots != null_block_id)
     got = states[slots.clamp(min=0).long()].to(acc)
-    return got * real.view(-1, *[1] * (got.dim() - 1)), real
+    # where, not a multiply by the mask: a padding row's slot may hold anything, NaN included
+    return torch.where(real.view(-1, *[1] * (got.dim() - 1)), got, 0.0), real
 
 
 def _scatter(states: torch.Tensor, slots: torch.Tensor, real: torch.Tensor, new: torch.Tensor) -> None:
@@ -118,11 +126,11 @@ def selective_scan_varlen(x, dt, A, B, C, D, z, dt_bias, ssm_states, query_start
 
 def ssd_prefill(x, dt, A, B, C, D, dt_bias, ssm_states, query_start_loc, cache_indices, has_initial_state,
                 chunk_size, dt_softplus=True, null_block_id=spec.NULL_BLOCK_ID):
-    """Mamba-2 prefill: the chunked form when the longest request reaches ``SSD_CHUNKED_FROM``
-    tokens, else the blocked recurrence in the head form."""
+    """Mamba-2 prefill: the chunked form (chunks of ``SSD_CPU_CHUNK``) when the longest request
+    reaches ``SSD_CHUNKED_FROM`` tokens, else the blocked recurrence in the head form."""
     if int(query_start_loc.diff().max()) >= SSD_CHUNKED_FROM:
         return spec.ssd_chunk_scan(x, dt, A, B, C, D, dt_bias, ssm_states, query_start_loc, cache_indices,
-                                   has_initial_state, chunk_size, dt_softplus, null_block_id)
+                                   has_initial_state, SSD_CPU_CHUNK, dt_softplus, null_block_id)
     dt4, A4, D4, bias4 = spec.ssd_head_form(dt, A, D, dt_bias, x.shape[2], B.shape[2])
     return selective_scan_varlen(x, dt4, A4, B, C, D4, None, bias4, ssm_states, query_start_loc, cache_indices,
                                  has_initial_state, dt_softplus, null_block_id)

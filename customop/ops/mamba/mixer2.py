@@ -19,9 +19,12 @@ from customop.ops.mamba._common import (
 )
 from customop.ops.mamba.mixer import negative_exp, sharded_loader, ssm_parameter
 
-#: Measured on the 2-core CI box (benchmarks/results/cpu_mamba.md): like the other norms, compiled
-#: code wins from a few thousand elements in bf16/fp16, where eager pays separate cast kernels.
-NORM_CPU_TIERS = CpuTiers(min_numel=8192, by_dtype={torch.float32: 32768}, dynamic=False)
+#: Measured on the 2-core CI box (benchmarks/results/cpu_mamba.md, one thread): compiled code wins
+#: from one 4096-wide row in bf16/fp16 (35 vs 39 us; eager pays separate cast kernels) and from
+#: 8 x 4096 in fp32 (64 vs 69 us; 4 x 4096: 49 vs 45). Eager's casts are kept: the spec rounds
+#: to x's dtype before the weight, which Inductor would otherwise fuse away (one ulp in ~25% of
+#: bf16 outputs).
+NORM_CPU_TIERS = CpuTiers(min_numel=4096, by_dtype={torch.float32: 32768}, dynamic=False, emulate_casts=True)
 
 
 @CustomOp.register("mixer2_gated_rms_norm")

@@ -1,0 +1,200 @@
+"""The state-space kernels (backends/triton/mamba_*.py) under the Triton interpreter: every case of
+the table (``customop/samples/mamba.py``) through ``forward_kernel`` (the launchers as the CPU
+kernels of their ``customop::`` ops) against the float64 references (``tests/cases/mamba.py``),
+outputs and every cache slot; then the launchers directly against the spec run in float64:
+padding and null slots (NaN-poisoned, never read or written), conv windows wider than needed and
+kernel widths 2-5, the chunked SSD at chunk sizes around the requests' lengths, the Mamba-2
+decode form, the gated norm's looped variant; opcheck of each op with its Triton kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from customop.backends.triton import mamba_conv, mamba_norm, mamba_scan, mamba_ssd
+from customop.math import mamba as spec
+from customop.samples.mamba import BATCHES, CASES, DTYPES, NORM_CASES, NORM_SIZES
+from customop.testing import assert_close, oracle
+from tests.backends.triton.conftest import as_cpu_kernel
+from tests.cases.mamba import assert_matches, norm_reference, reference
+
+pytestmark = pytest.mark.interpret
+
+LAUNCHERS = {name.removeprefix("customop::"): fn for module in (mamba_conv, mamba_scan, mamba_ssd, mamba_norm)
+             for name, fn in module.KERNELS.items()}
+
+
+@contextlib.contextmanager
+def triton_kernels():
+    """Every state-space op runs its Triton launcher on CPU tensors; yields {op: calls}."""
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(as_cpu_kernel(name, fn)) for name, fn in LAUNCHERS.items()}
+
+
+# ---- the table, through forward_kernel -----------------------------------------------------------
+
+#: The first case of each op on every batch and dtype; the variants on the mixed batch (decodes,
+#: padding and prefills at once) in fp32 and bf16: the interpreter costs ~0.5-3 s a case, and the
+#: variants change constructor arguments, not kernel code paths the base cases leave out. The GPU
+#: tier runs everything.
+BASE = ("mamba_mixer", "mamba_mixer2", "short_conv")
+PARAMS = [pytest.param(c, b, d, id=f"{c.label}-{b.label}-{d}") for c in CASES for b in BATCHES["small"]
+          for d in DTYPES if c.label in BASE or (b.label == "mixed" and d != torch.float16)]
+
+
+@pytest.mark.parametrize("case,batch,dtype", PARAMS)
+def test_kernels_match_float64_reference(case, batch, dtype, poison_empty):
+    op = case.build("small", dtype, torch.Generator().manual_seed(0))
+    if case.op == "mamba_mixer2":  # the norm sub-op as on an accelerator (here it dispatched to forward_cpu)
+        op.norm._forward_method = op.norm.forward_kernel
+    h, *caches, meta = case.inputs(op, batch, dtype, torch.Generator().manual_seed(1))
+    expected = reference(case, op, batch, h, *caches)
+    with triton_kernels() as calls:
+        out = op.forward_kernel(h, *caches, meta)
+    ran = {name for name, c in calls.items() if c}
+    want = set()
+    if batch.decodes + batch.pad_decodes:
+        want |= {"causal_conv1d_update"} | ({"selective_state_update"} if case.op != "short_conv" else set())
+    if batch.prefill_lens:
+        want |= {"causal_conv1d_fn"} | {"mamba_mixer": {"selective_scan"}, "mamba_mixer2": {"ssd_chunk_scan"}}.get(
+            case.op, set())
+    if case.op == "mamba_mixer2" and case.init.get("use_rms_norm", True) is not False:
+        want.add("mixer2_gated_rms_norm")
+    assert want <= ran, f"the Triton launchers of {sorted(want - ran)} did not run"
+    assert_matches((out, *caches), expected, dtype, what=f"{case.label} {batch.label}")
+
+
+NORM_PARAMS = [pytest.param(c, s, id=f"{c.label}-{'x'.join(map(str, s))}") for c in NORM_CASES
+               for s in NORM_SIZES["small"]]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case,size", NORM_PARAMS)
+def test_norm_kernel_matches_float64_reference(case, size, dtype, poison_empty):
+    rows, hidden, groups = size
+    op = case.build(hidden, groups, dtype, torch.Generator().manual_seed(0))
+    x, gate = case.inputs(rows, hidden, dtype, torch.Generator().manual_seed(1))
+    with as_cpu_kernel("mixer2_gated_rms_norm", mamba_norm.mixer2_gated_rms_norm) as calls:
+        got = op.forward_kernel(x, gate)
+    assert calls, "forward_kernel did not reach the Triton launcher"
+    assert_close(got, norm_reference(op, x, gate), dtype)  # x's dtype bounds it (see tests/ops/test_mamba.py)
+
+
+# ---- the launchers directly, against the spec in float64 ------------------------------------------
+
+
+def _rand(*shape, gen, scale=1.0):
+    return torch.randn(*shape, generator=gen) * scale
+
+
+def _poisoned_slots(cache: torch.Tensor, *slots: int) -> torch.Tensor:
+    for slot in slots:
+        cache[slot] = float("nan")
+    return cache
+
+
+@pytest.mark.parametrize("K", [2, 3, 4, 5])
+def test_conv_launchers(K, poison_empty):
+    """Requests of 1, K - 2, 0 and 9 tokens plus a padding one; x a column slice of a wider
+    buffer (as the mixers pass it); a conv window wider than K - 1 whose extra column must stay;
+    the null slot and the padding's NaN never reach an output or change."""
+    gen = torch.Generator().manual_seed(K)
+    C, lens = 37, [1, max(K - 2, 1), 0, 9, 3]
+    qsl = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
+    T = int(qsl[-1])
+    x = _rand(T, C + 5, gen=gen)[:, 2:2 + C]
+    weight, bias = _rand(C, K, gen=gen), _rand(C, gen=gen)
+    cache = _poisoned_slots(_rand(6, K, C, gen=gen), 0).transpose(1, 2)  # (slots, C, K): one extra column
+    slots, init = torch.tensor([3, 1, 2, 5, spec.PAD_SLOT_ID]), torch.tensor([True, False, True, True, True])
+    want_cache = cache.double()
+    want = oracle(spec.causal_conv1d_varlen, x, weight, bias, want_cache, qsl, slots, init, True)
+    got = mamba_conv.causal_conv1d_fn(x, weight, bias, cache, qsl, slots, init, True, 0)
+    assert_close(got, want, torch.float32)
+    assert_close(cache, want_cache, torch.float32)  # (NaN == NaN there: slot 0 untouched)
+    assert cache[0].isnan().all() and not got.isnan().any()
+
+    decode_slots = torch.tensor([4, 0, 1, spec.PAD_SLOT_ID])
+    xd = _rand(4, C, gen=gen)
+    want_d = oracle(spec.causal_conv1d_update, xd, want_cache, weight, None, decode_slots, False)
+    got_d = mamba_conv.causal_conv1d_update(xd, cache, weight, None, decode_slots, False, 0)
+    assert_close(got_d, want_d, torch.float32)
+    assert_close(cache, want_cache, torch.float32)
+    assert cache[0].isnan().all() and not got_d.isnan().any()
+
+
+def test_selective_scan_launchers_mamba1_form(poison_empty):
+    """Mamba-1's one-head form (D channels, z gate): varlen prefill, then a decode step with a
+    padding row on the NaN null slot."""
+    gen = torch.Generator().manual_seed(0)
+    D_, N, lens = 40, 16, [5, 0, 1, 12]
+    qsl = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
+    T = int(qsl[-1])
+    x, dt, z = (_rand(T, 1, D_, gen=gen) for _ in range(3))
+    A, D, bias = -(0.5 + torch.rand(1, D_, N, generator=gen)), _rand(1, D_, gen=gen), _rand(1, D_, gen=gen)
+    B, C = _rand(T, 1, N, gen=gen), _rand(T, 1, N, gen=gen)
+    states = _poisoned_slots(_rand(6, 1, D_, N, gen=gen), 0)
+    slots, init = torch.tensor([2, 3, 4, 1]), torch.tensor([True, True, False, True])
+    want_states = states.double()
+    want = oracle(spec.selective_scan_varlen, x, dt, A, B, C, D, z, bias, want_states, qsl, slots, init, True)
+    got = mamba_scan.selective_scan(x, dt, A, B, C, D, z, bias, states, qsl, slots, init, True, 0)
+    assert_close(got, want, torch.float32)
+    assert_close(states, want_states, torch.float32)
+    dslots = torch.tensor([1, 0, 4])
+    args = (_rand(3, 1, D_, gen=gen), _rand(3, 1, D_, gen=gen), A, _rand(3, 1, N, gen=gen), _rand(3, 1, N, gen=gen), D,
+            _rand(3, 1, D_, gen=gen), bias)
+    want = oracle(spec.selective_state_update, want_states, *args, dslots, True)
+    got = mamba_scan.selective_state_update(states, *args, dslots, True, 0)
+    assert_close(got, want, torch.float32)
+    assert_close(states, want_states, torch.float32)
+    assert states[0].isnan().all() and not got.isnan().any()
+
+
+@pytest.mark.parametrize("chunk", [2, 8])
+def test_ssd_chunk_scan_launcher_against_the_recurrence(chunk, poison_empty):
+    """The chunked kernels against the spec's recurrence in float64: lengths 1, chunk - 1, chunk,
+    chunk + 1, 3 chunks + 1 and 0; 2 groups of 3 heads; some requests from the cache; a padding
+    request on slot -1; the null slot NaN."""
+    gen = torch.Generator().manual_seed(chunk)
+    lens = [1, max(chunk - 1, 1), chunk, chunk + 1, 3 * chunk + 1, 0, 2]
+    qsl = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
+    T, H, P, N, G = int(qsl[-1]), 6, 5, 12, 2
+    x, dt, B, C = _rand(T, H, P, gen=gen), _rand(T, H, gen=gen), _rand(T, G, N, gen=gen), _rand(T, G, N, gen=gen)
+    A, D, bias = -(0.5 + torch.rand(H, generator=gen)), _rand(H, gen=gen), _rand(H, gen=gen)
+    states = _poisoned_slots(_rand(9, H, P, N, gen=gen), 0)
+    slots = torch.tensor([1, 2, 3, 4, 5, 6, spec.PAD_SLOT_ID])
+    init = torch.tensor([True, False, True, True, False, True, True])
+    want_states = states.double()
+    want = oracle(spec.ssd_recurrent, x, dt, A, B, C, D, bias, want_states, qsl, slots, init)
+    got = mamba_ssd.ssd_chunk_scan(x, dt, A, B, C, D, bias, states, qsl, slots, init, chunk, True, 0)
+    scale = float(want.abs().max())
+    assert_close(got, want, torch.float32, atol=2e-5 * scale, rtol=2e-5)
+    assert_close(states, want_states, torch.float32, atol=2e-5 * float(want_states[1:].abs().max()), rtol=2e-5)
+    assert states[0].isnan().all() and not got.isnan().any()
+
+
+def test_norm_launcher_looped_groups(monkeypatch, poison_empty):
+    """Groups wider than the widest tile take the two-pass variant."""
+    monkeypatch.setattr(mamba_norm, "MAX_TILE", 32)
+    gen = torch.Generator().manual_seed(0)
+    x, gate, w = _rand(5, 200, gen=gen), _rand(5, 200, gen=gen), _rand(200, gen=gen)
+    for weight in (w, None):
+        want = oracle(spec.mixer2_gated_rms_norm, x, gate, weight, 1e-5, 100)
+        assert_close(mamba_norm.mixer2_gated_rms_norm(x, gate, weight, 1e-5, 100), want, torch.float32)
+
+
+@pytest.mark.parametrize("name", sorted(LAUNCHERS))
+def test_opcheck_with_the_triton_kernel(name):
+    """The Triton launcher as the op's CPU kernel passes opcheck's schema test (it writes exactly
+    the inputs the schema declares mutable) and its fake-tensor test (its outputs' shapes, dtypes
+    and strides are the fake's). The other opcheck tests exercise the op, not the kernel: they run
+    on the reference bodies in tests/ops/test_mamba_state.py."""
+    from tests.ops.test_mamba_state import SAMPLES
+
+    args = dict(SAMPLES)[name]
+    with as_cpu_kernel(name, LAUNCHERS[name]) as calls:
+        torch.library.opcheck(getattr(torch.ops.customop, name).default, args,
+                              test_utils=("test_schema", "test_faketensor"))
+    assert calls
