@@ -5,9 +5,10 @@ Consecutive segments of one length are a ``[n * L, H, D]`` slice of the packed s
 ``reshape(n, L, H, D)`` is a view: no gather, no padding, and SDPA's CPU flash kernel gets ``n``
 times the batch to spread over its threads. ViT encoders make such runs everywhere (windowed
 attention's equal windows; images of one size). The arithmetic per segment is the spec's own, so
-the result is bitwise the spec's; only the number of calls changes. Measured against the loop and
-against one SDPA over the whole packed sequence with a block-diagonal mask (which does
-``T^2`` work instead of ``sum(L_i^2)`` and lost 3-20x): benchmarks/results/cpu_attention.md.
+the result is bitwise the spec's; only the number of calls changes. Measured against the loop
+(1.0-1.5x on one thread, up to 12x on two) and against one SDPA over the whole packed sequence
+with a block-diagonal mask (``T^2`` work instead of ``sum(L_i^2)``: 1.7-10x slower than the loop
+on one thread): benchmarks/results/cpu_attention.md.
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ def triton_varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch
 
 @functools.cache
 def _torch_varlen():
-    """torch's ``varlen_attn`` (torch >= 2.10), or None."""
+    """torch's ``varlen_attn`` (absent from older torch releases), or None."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:

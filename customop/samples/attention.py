@@ -7,8 +7,9 @@
   sequence (``cu_seqlens``), or ``None`` with ``seq_len`` for rows without ``cu_seqlens`` (each
   row one segment). ``"check"``: ``customop check`` / ``assert_conforms``. ``"small"``: the paths
   emulated on a CPU: a one-token sequence, lengths 1 and 7 and odd mixes with an empty segment,
-  64 segments, two batch rows sharing one ``cu_seqlens``. ``"real"``: the GPU tier: ViT shapes,
-  16384 tokens in 4, 16 and 64 segments, 1024 and 4096 tokens.
+  64 segments, two batch rows sharing one ``cu_seqlens``. ``"real"``: the GPU tier (with
+  ``REAL_CASES``, ViT head layouts): 16384 tokens in 4, 16 and 64 segments, 1024 and 4096
+  tokens, an uneven mix, three rows without ``cu_seqlens``.
 - ``DTYPES``.
 
 The float64 references are the tests' (``tests/cases/attention.py``).
@@ -95,6 +96,13 @@ CASES = (
     AttentionCase("mha d128", 2, 2, 128),
 )
 BY_LABEL = {case.label: case for case in CASES}
+#: the GPU tier's and the benchmarks' layouts: ViT heads (Qwen2-VL: 16 x 80; SigLIP-style 16 x 64)
+#: and a grouped one with the widest head
+REAL_CASES = (
+    AttentionCase("vit 16x80", 16, 16, 80),
+    AttentionCase("vit 16x64", 16, 16, 64),
+    AttentionCase("gqa 16/4x128 4d", 16, 4, 128, four_d=True),
+)
 
 #: 64 segments of 1 to 3 tokens
 _MANY = tuple(1 + i % 3 for i in range(64))
