@@ -105,7 +105,9 @@ class MMEncoderAttention(CustomOp):
 
     # ---- checks (every path) ------------------------------------------------------------------
 
-    def _check(self, query: Any, key: Any, value: Any, cu_seqlens: Any) -> None:
+    def check_inputs(self, query: Any, key: Any, value: Any, cu_seqlens: Any = None) -> None:
+        """The argument checks every path runs (out-of-tree replacements may call it too): raises
+        ``TypeError``/``ValueError`` naming the argument; does not read ``cu_seqlens``'s values."""
         for arg, t in (("query", query), ("key", key), ("value", value)):
             _check_tensor(arg, t)
         if query.dtype not in _DTYPES:
@@ -139,7 +141,7 @@ class MMEncoderAttention(CustomOp):
         return segment_lengths(cu_seqlens, query.shape[1], _host_max_seqlen(max_seqlen) or 0)
 
     def _run_spec(self, spec, query, key, value, cu_seqlens, max_seqlen) -> torch.Tensor:
-        self._check(query, key, value, cu_seqlens)
+        self.check_inputs(query, key, value, cu_seqlens)
         lengths = self._lengths(query, cu_seqlens, max_seqlen)
         out = spec(self._as_4d(query, self.num_heads), self._as_4d(key, self.num_kv_heads),
                    self._as_4d(value, self.num_kv_heads), lengths, self.scale)
@@ -178,7 +180,7 @@ class MMEncoderAttention(CustomOp):
         device, the kernel checks it when it must read it anyway (no ``max_seqlen``) and otherwise
         trusts it, clamping every segment into the sequence so that a bad one cannot reach
         memory outside the tensors."""
-        self._check(query, key, value, cu_seqlens)
+        self.check_inputs(query, key, value, cu_seqlens)
         if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
             return self.forward_native(query, key, value, cu_seqlens, max_seqlen)
         batch, seq = query.shape[:2]

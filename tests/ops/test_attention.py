@@ -1,10 +1,16 @@
 """Attention family (``mm_encoder_attn``): every case of the table (``customop/samples/attention.py``)
 on forward_native and forward_cpu against the float64 references (``tests/cases/attention.py``),
 forward_kernel's wiring (the library op's reference on CPU tensors), dispatch, bad inputs on every
-path, opcheck, torch.compile(fullgraph=True) and the conformance suite.
+path, opcheck, torch.compile(fullgraph=True), the conformance suite and the out-of-tree example
+(``examples/oot_mm_encoder_attn.py``, run in a subprocess).
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -257,3 +263,50 @@ def test_library_op_under_inductor():
 
 def test_conforms():
     assert_conforms(MMEncoderAttention)
+
+
+# ---- the out-of-tree example ---------------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "examples", "oot_mm_encoder_attn.py")
+
+#: the example's replacement with the scale dropped: assert_conforms must refuse it
+_BROKEN = textwrap.dedent("""
+    import runpy, sys
+    from customop import CustomOp
+    from customop.testing import assert_conforms
+    example = runpy.run_path(sys.argv[1])
+    Padded = example["PaddedMMEncoderAttention"]
+
+    @CustomOp.register_oot("MMEncoderAttention", override=True)
+    class Unscaled(Padded):
+        def forward_oot(self, *args, **kwargs):
+            self.scale, kept = 1.0, self.scale
+            try:
+                return super().forward_oot(*args, **kwargs)
+            finally:
+                self.scale = kept
+
+    try:
+        assert_conforms(Unscaled, platform=example["NpuPlatform"]())
+    except AssertionError as err:
+        print("REFUSED", str(err).count("\\n"))
+""")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    # a subprocess: the example registers its replacement for the whole process
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_out_of_tree_example_conforms():
+    result = _run(EXAMPLE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "built PaddedMMEncoderAttention, running forward_oot" in result.stdout
+    assert "conforms to mm_encoder_attn on every sample and dtype" in result.stdout
+
+
+def test_conformance_check_refuses_a_wrong_replacement():
+    result = _run("-c", _BROKEN, EXAMPLE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "REFUSED" in result.stdout and int(result.stdout.split("REFUSED")[1]) > 10
