@@ -29,10 +29,10 @@ from customop.math import mamba as spec
 #: tokens per block of the prefill recurrence: the (block, H, P, N) temporaries stay in cache
 SCAN_BLOCK = 32
 #: Mamba-2 prefill takes the chunked form once a request is this long, with chunks of
-#: SSD_CPU_CHUNK tokens (benchmarks/results/cpu_mamba.md: 1 thread, 8 heads x 32 x 32; at 8 tokens
-#: the recurrence took 355 us and the chunked form 659 us, at 32 tokens 1621 vs 799 us, at 2048
-#: 74 ms vs 18 ms; chunks of 16 / 32 / 64 / 128 at 512 tokens: 5.1 / 4.6 / 6.3 / 13.7 ms)
-SSD_CHUNKED_FROM = 16
+#: SSD_CPU_CHUNK tokens (benchmarks/results/cpu_mamba.md, one thread, 8 heads x 32 x 32, fp32: the
+#: blocked recurrence against chunks of 32 took 1031 / 1297 us at 16 tokens, 1885 / 1304 us at 32,
+#: 76 / 22 ms at 2048; chunks of 256 took 36 ms at 512 tokens, where chunks of 32 took 5.4 ms)
+SSD_CHUNKED_FROM = 32
 SSD_CPU_CHUNK = 32
 
 

@@ -52,6 +52,19 @@ def test_forward_kernel_wiring(case, batch):
     assert_matches(got, expected, torch.bfloat16, what=f"{case.label} {batch.label}")
 
 
+@pytest.mark.parametrize("chunked_from", [1, 10**9], ids=["chunked", "recurrence"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case,batch", [p for p in PARAMS if p.values[0].op == "mamba_mixer2"])
+def test_cpu_mamba2_prefill_both_forms(case, batch, dtype, chunked_from, monkeypatch):
+    """forward_cpu's Mamba-2 prefill in both of its forms (the table's requests are shorter than
+    the measured switch to the chunked form, so both are forced here)."""
+    from customop.backends.cpu import mamba as cpu_steps
+
+    monkeypatch.setattr(cpu_steps, "SSD_CHUNKED_FROM", chunked_from)
+    got, expected = run_case(case, batch, dtype, "forward_cpu")
+    assert_matches(got, expected, dtype, what=f"{case.label} {batch.label}")
+
+
 def test_padding_rows_are_zero():
     """Rows past the batch's tokens come back zero on every path (not left undefined)."""
     case, batch = CASES[3], BATCHES["small"][2]

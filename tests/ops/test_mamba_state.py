@@ -219,6 +219,24 @@ def test_library_ops_compile_without_graph_breaks():
                 assert_close(b, a, torch.float32, what="a cache written in place")
 
 
+@pytest.mark.slow
+def test_forward_kernel_compiles_without_graph_breaks():
+    """The whole Mamba-2 layer's kernel route in one graph (the batch description is host data,
+    the cache writes happen on views of the callers' caches): same outputs and caches as eager."""
+    from customop.samples.mamba import BATCHES
+
+    case = BY_LABEL["mamba_mixer2"]
+    op = layer(case)
+    h, *caches, meta = case.inputs(op, BATCHES["small"][2], torch.float32, torch.Generator().manual_seed(1))
+    eager_caches, compiled_caches = [c.clone() for c in caches], [c.clone() for c in caches]
+    want = op.forward_kernel(h, *eager_caches, meta)
+    torch._dynamo.reset()
+    got = torch.compile(op.forward_kernel, fullgraph=True)(h, *compiled_caches, meta)
+    mixer_compare(got, want, torch.float32)
+    assert_caches_equal(compiled_caches, eager_caches, case.label)
+    assert not torch.equal(compiled_caches[1], caches[1]), "the compiled call wrote no state"
+
+
 # ---- bad inputs: one clear error on every path -----------------------------------------------------
 
 

@@ -1,0 +1,258 @@
+"""Benchmark specs of the state-space family (issue 14's plan: bf16 activations, fp32 state):
+
+- ``selective_state_update``: Mamba-2's decode step at batch 1 / 16 / 64 / 256, on Mamba-2-2.7B's
+  SSM (80 heads x 64, state 128, 1 group) and a Nemotron-H-like one (128 heads x 64, 8 groups).
+  The floor is the state read and written once per request (``bytes_moved``).
+- ``ssd_chunk_scan``: Mamba-2 prefill of 1k / 4k / 16k tokens in 1 and 8 requests (chunk 256),
+  fresh states; timed against the chunked form in plain torch (the minimal SSD of equal-length
+  requests, eager and compiled).
+- ``causal_conv1d_fn`` / ``causal_conv1d_update``: the conv over Mamba-2-2.7B's ``xBC``
+  (5376 channels, K = 4) in prefill and decode.
+- ``mixer2_gated_rms_norm``: tokens x 5120 (1 group) and x 8192 (8 groups).
+
+The eager and compiled baselines are the same math written without the batch's host-side layout
+(equal-length requests, every slot real), so that ``torch.compile(fullgraph=True)`` and CUDA
+graphs take them; the runner checks the kernel's outputs against them first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from customop.benchmarks.specs import OpSpec, Shape, compiled
+from customop.math import mamba as spec
+
+#: (label, heads, head_dim, state, groups)
+MODELS = (("mamba2-2.7b", 80, 64, 128, 1), ("nemotron-h", 128, 64, 128, 8))
+CHUNK = 256
+
+
+def _shape(tokens: int, model, requests: int = 1, quick: bool = False) -> Shape:
+    label, H, P, N, G = model
+    return Shape(tokens, H * P, f"{label} {tokens}" + (f"/{requests}" if requests > 1 else ""),
+                 {"heads": H, "head_dim": P, "state": N, "groups": G, "requests": requests}, quick)
+
+
+def _ints(values, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+# ---- decode: the SSM state update ----------------------------------------------------------------
+
+
+def _decode_inputs(shape: Shape, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    e, B = shape.extra, shape.tokens
+    H, P, N, G = e["heads"], e["head_dim"], e["state"], e["groups"]
+
+    def r(*s):
+        return torch.randn(*s, device=device).to(dtype)
+
+    return {"state": torch.randn(B + 1, H, P, N, device=device), "x": r(B, H, P), "dt": r(B, H),
+            "A": -(0.5 + torch.rand(H, device=device)), "B": r(B, G, N), "C": r(B, G, N), "D": r(H),
+            "dt_bias": r(H), "slots": torch.arange(1, B + 1, dtype=torch.int32, device=device)}
+
+
+def decode_update(state, x, dt, A, B, C, D, dt_bias, slots):
+    """The decode step on gathered states, written back by index (every slot real): fp32 math."""
+    H = A.shape[0]
+    h = state[slots.long()]
+    delta = F.softplus(dt.float() + dt_bias.float())[..., None, None]  # (B, H, 1, 1)
+    Bh = B.float().repeat_interleave(H // B.shape[1], dim=1)[:, :, None, :]
+    Ch = C.float().repeat_interleave(H // C.shape[1], dim=1)[:, :, None, :]
+    h = torch.exp(delta * A[:, None, None]) * h + delta * x.float()[..., None] * Bh
+    state.index_copy_(0, slots.long(), h)
+    return ((h * Ch).sum(-1) + D.float()[:, None] * x.float()).to(x.dtype)
+
+
+def _decode_args(i):
+    dt4, A4, D4, b4 = spec.ssd_head_form(i["dt"], i["A"], i["D"], i["dt_bias"], i["x"].shape[2], i["B"].shape[2])
+    return i["state"], i["x"], dt4, A4, i["B"], i["C"], D4, None, b4, i["slots"], True, spec.NULL_BLOCK_ID
+
+
+def _decode_bytes(shape: Shape, dtype: torch.dtype) -> int:
+    e = shape.extra
+    state = shape.tokens * e["heads"] * e["head_dim"] * e["state"] * 4
+    return 2 * state + shape.tokens * (2 * shape.hidden + e["heads"] + 2 * e["groups"] * e["state"]) * dtype.itemsize
+
+
+def _decode_impls():
+    def customop(i):
+        args = _decode_args(i)
+        return lambda: torch.ops.customop.selective_state_update(*args)
+
+    def eager(i):
+        return lambda: decode_update(*(i[k] for k in ("state", "x", "dt", "A", "B", "C", "D", "dt_bias", "slots")))
+
+    def compile_(i):
+        f = compiled(decode_update)
+        return lambda: f(*(i[k] for k in ("state", "x", "dt", "A", "B", "C", "D", "dt_bias", "slots")))
+
+    return {"customop": customop, "eager": eager, "compile": compile_}
+
+
+# ---- prefill: the chunked SSD scan ----------------------------------------------------------------
+
+
+def _prefill_inputs(shape: Shape, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    i = _decode_inputs(Shape(shape.tokens, shape.hidden, extra=shape.extra), dtype, device)
+    S = min(shape.extra["requests"], shape.tokens)
+    if shape.tokens % S:
+        raise ValueError(f"ssd_chunk_scan spec: {shape.tokens} tokens do not split into {S} equal requests")
+    lens = [shape.tokens // S] * S
+    i["state"] = torch.zeros(S + 1, *i["state"].shape[1:], device=device)
+    i["qsl"] = _ints([0, *lens], device).cumsum(0, dtype=torch.int32)
+    i["slots"], i["init"] = i["slots"][:S], torch.zeros(S, dtype=torch.bool, device=device)
+    return i
+
+
+def ssd_minimal(x, dt, A, B, C, D, dt_bias, requests: int, chunk: int = CHUNK):
+    """The chunked SSD form of ``requests`` equal-length requests from zero states, in fp32 and
+    plain torch (each request padded to whole chunks with dt = 0): y in x's dtype."""
+    T, H, P = x.shape
+    n = T // requests
+    L = -(-n // chunk) * chunk
+
+    def split(t):
+        t = t.float().view(requests, n, *t.shape[1:])
+        t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, L - n))
+        return t.view(requests, L // chunk, chunk, *t.shape[2:])
+
+    delta = F.softplus(dt.float() + dt_bias.float())
+    valid = split(torch.ones(T, 1, device=x.device))[..., 0, None]
+    xc, dtc = split(x), split(delta) * valid
+    Bc = split(B).repeat_interleave(H // B.shape[1], dim=3)
+    Cc = split(C).repeat_interleave(H // C.shape[1], dim=3)
+    a = torch.cumsum(dtc * A, dim=2)  # (r, c, l, H)
+    states = torch.einsum("rclhn,rclh,rclhp->rchpn", Bc, torch.exp(a[:, :, -1:] - a) * dtc, xc)
+    total = a[:, :, -1]  # (r, c, H)
+    seg = torch.cumsum(F.pad(total, (0, 0, 1, 0))[:, :-1], dim=1)  # decay from each chunk's start
+    decay = torch.exp((seg[:, :, None] - seg[:, None, :] - total[:, None, :]).masked_fill(
+        ~torch.ones(L // chunk, L // chunk, dtype=torch.bool, device=x.device).tril(-1)[None, :, :, None], -torch.inf))
+    h_in = torch.einsum("rzch,rchpn->rzhpn", decay, states)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()
+    scores = torch.einsum("rclhn,rcshn->rclsh", Cc, Bc) * torch.exp(
+        (a[:, :, :, None] - a[:, :, None, :]).masked_fill(~causal[None, None, :, :, None], -torch.inf)) \
+        * dtc[:, :, None, :, :]
+    y = torch.einsum("rclsh,rcshp->rclhp", scores, xc) + torch.einsum("rclhn,rchpn->rclhp", Cc, h_in) \
+        * torch.exp(a)[..., None] + D.float()[:, None] * xc
+    return y.reshape(requests, L, H, P)[:, :n].reshape(T, H, P).to(x.dtype)
+
+
+def _prefill_bytes(shape: Shape, dtype: torch.dtype) -> int:
+    e = shape.extra
+    per_token = 2 * shape.hidden + e["heads"] + 2 * e["groups"] * e["state"]
+    return shape.tokens * per_token * dtype.itemsize + e["requests"] * shape.hidden * e["state"] * 4
+
+
+def _prefill_impls():
+    def customop(i):
+        args = (i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["dt_bias"], i["state"], i["qsl"], i["slots"],
+                i["init"], CHUNK, True, spec.NULL_BLOCK_ID)
+        return lambda: torch.ops.customop.ssd_chunk_scan(*args)
+
+    def baseline(fn):
+        def factory(i):
+            return lambda: fn(i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["dt_bias"], i["slots"].shape[0])
+
+        return factory
+
+    def compile_(i):
+        return baseline(compiled(ssd_minimal))(i)
+
+    return {"customop": customop, "eager": baseline(ssd_minimal), "compile": compile_}
+
+
+# ---- the conv and the norm --------------------------------------------------------------------------
+
+CONV_DIM, K = 5376, 4  # Mamba-2-2.7B's xBC: 5120 + 2 x 128
+
+
+def _conv_inputs(shape: Shape, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    T, S = shape.tokens, min(shape.extra["requests"], shape.tokens)
+    return {"x": torch.randn(T, CONV_DIM, device=device).to(dtype), "w": torch.randn(CONV_DIM, K, device=device)
+            .to(dtype), "b": torch.randn(CONV_DIM, device=device).to(dtype),
+            "state": torch.randn(T + 1, K - 1, CONV_DIM, device=device).to(dtype),
+            "qsl": torch.arange(0, T + 1, T // S, dtype=torch.int32, device=device)[:S + 1].clamp(max=T),
+            "slots": torch.arange(1, T + 1, dtype=torch.int32, device=device)}
+
+
+def conv_prefill(x, w, b, requests: int):
+    """Equal-length requests from zero states: F.conv1d on each, SiLU."""
+    xs = x.view(requests, -1, x.shape[1]).transpose(1, 2).float()
+    y = F.conv1d(F.pad(xs, (w.shape[1] - 1, 0)), w.float()[:, None, :], b.float(), groups=x.shape[1])
+    return F.silu(y).transpose(1, 2).reshape(x.shape).to(x.dtype)
+
+
+def conv_update(x, state, w, b, slots):
+    window = torch.cat([state[slots.long()].transpose(1, 2).float(), x.float()[:, :, None]], dim=2)
+    state.index_copy_(0, slots.long(), window[:, :, 1:].transpose(1, 2).to(state.dtype))
+    return F.silu((window * w.float()).sum(-1) + b.float()).to(x.dtype)
+
+
+def _conv_specs():
+    def prefill_custom(i):
+        S = i["qsl"].shape[0] - 1
+        init = torch.zeros(S, dtype=torch.bool, device=i["x"].device)
+        args = (i["x"], i["w"], i["b"], i["state"].transpose(1, 2), i["qsl"], i["slots"][:S], init, True, 0)
+        return lambda: torch.ops.customop.causal_conv1d_fn(*args)
+
+    def prefill_base(fn):
+        return lambda i: (lambda: fn(i["x"], i["w"], i["b"], i["qsl"].shape[0] - 1))
+
+    def update_custom(i):
+        args = (i["x"], i["state"].transpose(1, 2), i["w"], i["b"], i["slots"], True, 0)
+        return lambda: torch.ops.customop.causal_conv1d_update(*args)
+
+    def update_base(fn):
+        return lambda i: (lambda: fn(i["x"], i["state"], i["w"], i["b"], i["slots"]))
+
+    prefill = tuple(Shape(t, CONV_DIM, f"{t}/{s}", {"requests": s}, quick=(t == 4096 and s == 1))
+                    for t in (1024, 4096, 16384) for s in (1, 8))
+    decode = tuple(Shape(b, CONV_DIM, f"decode {b}", {"requests": b}, quick=b in (1, 256)) for b in (1, 16, 64, 256))
+    return [
+        OpSpec("causal_conv1d_fn", "mamba", prefill, _conv_inputs,
+               lambda s, d: 2 * s.tokens * CONV_DIM * d.itemsize,
+               {"customop": prefill_custom, "eager": prefill_base(conv_prefill),
+                "compile": lambda i: prefill_base(compiled(conv_prefill))(i)}, mutates=("state",)),
+        OpSpec("causal_conv1d_update", "mamba", decode, _conv_inputs,
+               lambda s, d: 4 * s.tokens * CONV_DIM * d.itemsize,
+               {"customop": update_custom, "eager": update_base(conv_update),
+                "compile": lambda i: update_base(compiled(conv_update))(i)}, mutates=("state",)),
+    ]
+
+
+def _norm_inputs(shape: Shape, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    return {"x": torch.randn(shape.tokens, shape.hidden, device=device).to(dtype),
+            "gate": torch.randn(shape.tokens, shape.hidden, device=device).to(dtype),
+            "w": (1 + 0.1 * torch.randn(shape.hidden, device=device)).to(dtype)}
+
+
+def _norm_spec():
+    def args(i, shape_groups):
+        return i["x"], i["gate"], i["w"], 1e-5, i["x"].shape[1] // shape_groups
+
+    def groups(i):
+        return 8 if i["x"].shape[1] == 8192 else 1
+
+    shapes = tuple(Shape(t, h, quick=(t in (1, 4096) and h == 8192)) for h in (5120, 8192)
+                   for t in (1, 16, 256, 4096, 32768))
+    return OpSpec("mixer2_gated_rms_norm", "mamba", shapes, _norm_inputs,
+                  lambda s, d: 3 * s.tokens * s.hidden * d.itemsize,
+                  {"customop": lambda i: (lambda a=args(i, groups(i)): torch.ops.customop.mixer2_gated_rms_norm(*a)),
+                   "eager": lambda i: (lambda a=args(i, groups(i)): spec.mixer2_gated_rms_norm(*a)),
+                   "compile": lambda i: (lambda f=compiled(spec.mixer2_gated_rms_norm), a=args(i, groups(i)): f(*a))})
+
+
+SPECS = [
+    OpSpec("selective_state_update", "mamba", tuple(_shape(b, m, quick=b in (1, 256)) for m in MODELS
+                                                   for b in (1, 16, 64, 256)),
+           _decode_inputs, _decode_bytes, _decode_impls(), mutates=("state",)),
+    OpSpec("ssd_chunk_scan", "mamba", tuple(_shape(t, m, r, quick=(t == 4096 and r == 1)) for m in MODELS
+                                            for t in (1024, 4096, 16384) for r in (1, 8)),
+           _prefill_inputs, _prefill_bytes, _prefill_impls(), mutates=("state",)),
+    *_conv_specs(),
+    _norm_spec(),
+]
