@@ -1,0 +1,63 @@
+"""The conv family's math: the patch-embedding convolutions ``conv2d`` / ``conv3d`` (vLLM's
+``Conv2dLayer`` / ``Conv3dLayer``) as pure functions.
+
+A vision encoder cuts its image (or video clip) into non-overlapping patches and projects each
+one: a convolution whose kernel equals its stride, without padding, dilation or groups. Such a
+convolution is one matrix product: every output position reads exactly one patch, so the input
+unfolds into ``[patches, C * prod(kernel)]`` rows (a view when the patches are already laid out
+contiguously, as Qwen2-VL's pixel values are) and one ``F.linear`` with the weight flattened the
+same way gives the output. Spatial remainders that do not fill a patch are dropped, as a stride-K
+convolution drops them. Any other convolution is ``F.conv2d`` / ``F.conv3d``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def is_patch_embedding(kernel_size: tuple[int, ...], stride: tuple[int, ...], padding: tuple[int, ...],
+                       dilation: tuple[int, ...], groups: int) -> bool:
+    """Whether the convolution is a patch projection, i.e. equals its linear form exactly. (vLLM's
+    rule omits the dilation; a dilated kernel == stride convolution is not one.)"""
+    return (tuple(kernel_size) == tuple(stride) and not any(padding) and all(d == 1 for d in dilation)
+            and groups == 1)
+
+
+def patch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A kernel == stride convolution as one GEMM. ``x`` ``[B, C, *spatial]``, ``weight``
+    ``[out, C, *kernel]``; returns ``[B, out, *(spatial // kernel)]`` (a permuted view of the
+    ``[B, *grid, out]`` product)."""
+    kernel = weight.shape[2:]
+    n = len(kernel)
+    batch, channels = x.shape[:2]
+    grid = [size // k for size, k in zip(x.shape[2:], kernel)]
+    for dim, k in enumerate(kernel):  # [B, C, *grid, *kernel]
+        x = x.unfold(2 + dim, k, k)
+    # [B, *grid, C, *kernel] -> one row per patch, in the weight's (C, *kernel) order
+    x = x.permute(0, *range(2, 2 + n), 1, *range(2 + n, 2 + 2 * n))
+    rows = x.reshape(-1, channels * math.prod(kernel))
+    out = F.linear(rows, weight.reshape(weight.shape[0], -1), bias)
+    return out.view(batch, *grid, -1).permute(0, n + 1, *range(1, n + 1))
+
+
+def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: tuple[int, ...],
+         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int, padding_mode: str = "zeros") -> torch.Tensor:
+    """``F.conv2d`` / ``F.conv3d`` (by ``x``'s rank); a non-zero ``padding_mode`` pads first, as
+    ``nn.Conv2d`` does."""
+    fn = F.conv2d if x.dim() == 4 else F.conv3d
+    if padding_mode != "zeros" and any(padding):
+        pads = [p for p in reversed(padding) for _ in range(2)]
+        x, padding = F.pad(x, pads, mode=padding_mode), (0,) * len(padding)
+    return fn(x, weight, bias, stride, padding, dilation, groups)
+
+
+def conv_layer(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: tuple[int, ...],
+               padding: tuple[int, ...], dilation: tuple[int, ...], groups: int, padding_mode: str = "zeros") -> torch.Tensor:
+    """The spec of ``conv2d`` / ``conv3d`` (vLLM's ``forward_native``): the linear form for a
+    patch projection, the convolution otherwise."""
+    if is_patch_embedding(weight.shape[2:], stride, padding, dilation, groups):
+        return patch_linear(x, weight, bias)
+    return conv(x, weight, bias, stride, padding, dilation, groups, padding_mode)

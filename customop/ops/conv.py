@@ -1,0 +1,150 @@
+"""Patch-embedding convolutions: ``Conv2dLayer`` (``conv2d``) and ``Conv3dLayer`` (``conv3d``), with
+vLLM 0.33's constructor.
+
+Vision encoders project their image patches with a convolution whose kernel equals its stride.
+That convolution is one GEMM (``customop/math/conv.py``), which vLLM's native path computes and
+which beats cuDNN's 3-D convolution 26x on the H200 (issue 13: 660 against 25 TFLOP/s for
+Qwen2-VL's 3x(2,14,14) -> 1280 patches). Any other convolution is ``F.conv2d``/``F.conv3d``.
+
+Paths: ``forward_native`` is the spec (the linear form for a patch projection, the convolution
+otherwise); ``forward_cuda = forward_xpu = forward_tpu`` call ``torch.ops.customop.conv2d``/
+``conv3d``, whose body is the same spec on every device; ``forward_cpu`` is the spec too: on the
+CPU the linear form measured as fast as oneDNN's convolution or much faster
+(benchmarks/results/cpu_conv.md). Parameters ``weight`` ``[out, in // groups, *kernel]`` and
+``bias`` ``[out]`` are named and shaped as ``nn.Conv2d``/``nn.Conv3d``'s, so a regular conv
+checkpoint loads as is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from customop.custom_op import CustomOp
+from customop.math.conv import conv, conv_layer, is_patch_embedding, patch_linear  # noqa: F401  (the spec, re-exported)
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+
+
+def _tuple(op: str, arg: str, value: Any, n: int) -> tuple[int, ...]:
+    values = (value,) * n if isinstance(value, int) else tuple(value)
+    if len(values) != n or not all(isinstance(v, int) for v in values):
+        raise ValueError(f"customop.{op}: {arg} must be an int or {n} ints, got {value!r}")
+    return values
+
+
+class ConvLayerBase(CustomOp):
+    """Shared constructor and paths (vLLM's ``ConvLayerBase``).
+
+    Args: ``in_channels``, ``out_channels``, ``kernel_size``, ``stride=1``, ``padding=0`` (ints,
+    tuples, ``"valid"`` = 0 or ``"same"`` = ``kernel // 2`` per dim, as vLLM: an even kernel gives
+    one more output than torch's "same"), ``dilation=1``, ``groups=1``, ``bias=True``,
+    ``padding_mode="zeros"`` (also ``reflect``, ``replicate``, ``circular``: applied as
+    ``nn.Conv2d`` applies them, where vLLM ignores them), ``params_dtype`` (default: torch's
+    default dtype). The parameters are uninitialised, as in vLLM: they come from a checkpoint.
+    """
+
+    num_dim: ClassVar[int]
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int, ...],
+                 stride: int | tuple[int, ...] = 1, padding: int | tuple[int, ...] | str = 0,
+                 dilation: int | tuple[int, ...] = 1, groups: int = 1, bias: bool = True,
+                 padding_mode: str = "zeros", *, params_dtype: torch.dtype | None = None,
+                 enforce_enable: bool = False) -> None:
+        op, n = self.name, self.num_dim
+        kernel = _tuple(op, "kernel_size", kernel_size, n)
+        if isinstance(padding, str):
+            if padding not in ("same", "valid"):
+                raise ValueError(f"customop.{op}: padding must be an int, {n} ints, 'same' or 'valid', got {padding!r}")
+            padding = tuple(k // 2 for k in kernel) if padding == "same" else 0
+        for arg, value in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"customop.{op}: {arg} must be a positive int, got {value!r}")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"customop.{op}: groups={groups} must divide in_channels={in_channels} "
+                             f"and out_channels={out_channels}")
+        if padding_mode not in _PADDING_MODES:
+            raise ValueError(f"customop.{op}: padding_mode must be one of {_PADDING_MODES}, got {padding_mode!r}")
+        super().__init__(enforce_enable=enforce_enable)
+        self.in_channels, self.out_channels, self.groups, self.padding_mode = in_channels, out_channels, groups, padding_mode
+        self.kernel_size = kernel
+        self.stride = _tuple(op, "stride", stride, n)
+        self.padding = _tuple(op, "padding", padding, n)
+        self.dilation = _tuple(op, "dilation", dilation, n)
+        if min(kernel + self.stride + self.dilation) <= 0 or min(self.padding) < 0:
+            raise ValueError(f"customop.{op}: kernel_size, stride and dilation must be positive and padding "
+                             f"non-negative, got {kernel}, {self.stride}, {self.dilation}, {self.padding}")
+        #: vLLM's attribute; here it also requires dilation 1 (a dilated kernel == stride
+        #: convolution is not a patch projection; vLLM's rule would compute it wrongly)
+        self.enable_linear = is_patch_embedding(kernel, self.stride, self.padding, self.dilation, groups)
+        self.input_size = in_channels * math.prod(kernel)
+        dtype = params_dtype or torch.get_default_dtype()
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *kernel, dtype=dtype))
+        self.register_parameter("bias", nn.Parameter(torch.empty(out_channels, dtype=dtype)) if bias else None)
+
+    def check_input(self, x: Any) -> None:
+        """The checks every path runs: raises ``TypeError``/``ValueError`` naming the problem."""
+        op, n = self.name, self.num_dim
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"customop.{op}: x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in _DTYPES or x.dtype != self.weight.dtype:
+            raise TypeError(f"customop.{op}: x has dtype {x.dtype}, expected the weight's {self.weight.dtype} "
+                            "(float32, float16 or bfloat16)")
+        if x.device != self.weight.device:
+            raise ValueError(f"customop.{op}: x is on {x.device} but the weight is on {self.weight.device}")
+        if x.dim() != n + 2 or x.shape[1] != self.in_channels:
+            raise ValueError(f"customop.{op}: x has shape {tuple(x.shape)}, expected [batch, {self.in_channels}, "
+                             f"{', '.join('...' for _ in range(n))}]")
+        spans = [d * (k - 1) + 1 for k, d in zip(self.kernel_size, self.dilation)]
+        if any(size + 2 * p < span for size, p, span in zip(x.shape[2:], self.padding, spans)):
+            raise ValueError(f"customop.{op}: x's spatial size {tuple(x.shape[2:])} (padded by {self.padding}) is "
+                             f"smaller than the kernel's span {tuple(spans)}")
+
+    def _args(self) -> tuple:
+        return (self.stride, self.padding, self.dilation, self.groups, self.padding_mode)
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        return conv_layer(x, self.weight, self.bias, *self._args())
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        """The spec's own choice is the CPU's best (benchmarks/results/cpu_conv.md, one thread):
+        the linear form beats oneDNN's 3-D convolution 7x in fp32 and 40-77x in bf16 on
+        Qwen2-VL's patches, its 2-D one 2.1-2.7x in bf16, and ties with it in fp32 (0.93-1.14x)."""
+        self.check_input(x)
+        return conv_layer(x, self.weight, self.bias, *self._args())
+
+    def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_kernel(x)
+
+    forward_xpu = forward_tpu = forward_cuda
+
+    def forward_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """The ``torch.ops.customop`` call every accelerator shares (the op has no backward: while
+        autograd records, the spec runs)."""
+        self.check_input(x)
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            return self.forward_native(x)
+        return getattr(torch.ops.customop, self.name)(x, self.weight, self.bias, *self._args())
+
+    def extra_repr(self) -> str:
+        return (f"in_channels={self.in_channels}, out_channels={self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, bias={self.bias is not None}")
+
+
+@CustomOp.register("conv2d")
+class Conv2dLayer(ConvLayerBase):
+    """``[B, C, H, W]`` -> ``[B, out, H', W']`` (vLLM's ``Conv2dLayer``)."""
+
+    num_dim = 2
+
+
+@CustomOp.register("conv3d")
+class Conv3dLayer(ConvLayerBase):
+    """``[B, C, T, H, W]`` -> ``[B, out, T', H', W']`` (vLLM's ``Conv3dLayer``)."""
+
+    num_dim = 3
