@@ -101,6 +101,13 @@ def test_max_seqlen_forms(path, max_seqlen):
 
 
 @pytest.mark.parametrize("path", ["forward_native", "forward_cpu", "forward_kernel"])
+def test_int64_cu_seqlens(path):
+    """vLLM passes int32; an int64 cu_seqlens works too (the kernel path converts it)."""
+    op, args, kwargs, expected = make(CASES[2], Packing(2, (3, 1, 9)), torch.float32)
+    assert_close(getattr(op, path)(*args, cu_seqlens=kwargs["cu_seqlens"].long()), expected, torch.float32)
+
+
+@pytest.mark.parametrize("path", ["forward_native", "forward_cpu", "forward_kernel"])
 def test_empty_sequence(path):
     op = MMEncoderAttention(2, 64)
     q = randn(1, 0, 128)
