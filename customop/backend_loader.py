@@ -13,6 +13,8 @@ import importlib
 import importlib.util
 from types import ModuleType
 
+import torch
+
 
 @dataclasses.dataclass(frozen=True)
 class BackendSpec:
@@ -20,6 +22,9 @@ class BackendSpec:
     requires: tuple[str, ...]
     extra: str | None
     description: str
+    #: (module, torch version prefix): when ``module`` is installed it works only with that torch
+    #: (IPEX and torch_xla each pin one torch release); ``status`` warns on a mismatch.
+    torch_pin: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -28,11 +33,24 @@ class BackendSpec:
     def missing(self) -> list[str]:
         return [m for m in self.requires if importlib.util.find_spec(m) is None]
 
+    def torch_mismatch(self) -> str | None:
+        """Why the installed torch does not fit this backend's pinned dependency, or None."""
+        if self.torch_pin is None:
+            return None
+        module, version = self.torch_pin
+        if importlib.util.find_spec(module) is None or torch.__version__.startswith(version):
+            return None
+        return (f"{module} works only with torch {version}.*, but torch {torch.__version__} is installed "
+                f"(pip install customop[{self.extra}] installs the matching pair)")
+
     def status(self) -> tuple[bool, str]:
         """(importable, why) without importing anything optional."""
         if missing := self.missing():
             return False, f"missing {', '.join(missing)} (pip install customop[{self.extra}])"
-        return True, "dependencies present: " + (", ".join(self.requires) or "torch only")
+        why = "dependencies present: " + (", ".join(self.requires) or "torch only")
+        if mismatch := self.torch_mismatch():
+            why += f"; warning: {mismatch}"
+        return True, why
 
 
 BACKENDS: dict[str, BackendSpec] = {
@@ -41,9 +59,11 @@ BACKENDS: dict[str, BackendSpec] = {
         BackendSpec("triton", ("triton",), "cuda", "device-neutral Triton kernels (CUDA, ROCm, XPU)"),
         BackendSpec("cuda", ("triton",), "cuda", "NVIDIA GPUs: Triton kernels and CUDA specifics"),
         BackendSpec("rocm", ("triton",), "rocm", "AMD GPUs: Triton kernels, fnuz fp8, wave-64 tuning"),
-        BackendSpec("xpu", (), "xpu", "Intel GPUs: IPEX when present, else Triton on XPU tensors"),
+        BackendSpec("xpu", (), "xpu", "Intel GPUs: IPEX when present, else Triton on XPU tensors",
+                    torch_pin=("intel_extension_for_pytorch", "2.8")),
         # torchax is needed by call_jax and imports flax; torch_xla declares neither
-        BackendSpec("tpu", ("torch_xla", "jax", "torchax", "flax"), "tpu", "TPUs: JAX Pallas kernels through torch_xla"),
+        BackendSpec("tpu", ("torch_xla", "jax", "torchax", "flax"), "tpu", "TPUs: JAX Pallas kernels through torch_xla",
+                    torch_pin=("torch_xla", "2.9")),
         BackendSpec("cpu", (), None, "CPUs: compiled native code, oneDNN, IPEX CPU when present"),
     )
 }

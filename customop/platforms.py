@@ -109,6 +109,12 @@ class Platform:
         """Why this platform cannot run here, or None. Forcing an unavailable platform raises."""
         return None
 
+    @classmethod
+    def cannot_force(cls) -> str | None:
+        """Why ``CUSTOMOP_PLATFORM=<this>`` cannot run here, or None (default: the same as
+        ``unavailable_reason``)."""
+        return cls.unavailable_reason()
+
     def backend_unavailable(self) -> str | None:
         """``unavailable_reason()`` computed once per platform object (it probes the filesystem)."""
         if not hasattr(self, "_unavailable"):
@@ -174,8 +180,15 @@ class XpuPlatform(Platform):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        # The XPU backend degrades IPEX -> Triton -> compiled native by itself, so forcing XPU
-        # needs only torch; without a device the ops run on whatever tensors they are given.
+        # The XPU backend degrades IPEX -> Triton -> compiled native by itself: its dispatch
+        # needs only torch (ops run on whatever tensors they are given, e.g. IPEX's CPU build).
+        return None
+
+    @classmethod
+    def cannot_force(cls) -> str | None:
+        # ...but forcing the platform promises XPU tensors: without a device it cannot run here.
+        if not cls.is_present():
+            return "no XPU device is visible (torch.xpu.is_available() is False)"
         return None
 
 
@@ -257,7 +270,7 @@ def _activated_plugins() -> dict[str, str]:
 def _forced(name: str) -> Platform:
     if name in BUILTIN_PLATFORMS:
         cls = BUILTIN_PLATFORMS[name]
-        if reason := cls.unavailable_reason():
+        if reason := cls.cannot_force():
             raise RuntimeError(f"{ENV_PLATFORM}={name} was requested but cannot run here: {reason}")
         return cls()
     fns = plugins.load_plugins_by_group(plugins.PLATFORM_PLUGINS_GROUP)

@@ -122,6 +122,7 @@ def test_general_plugins_run_once_before_the_first_op(plugin_dist):
     ("cuda", "no CUDA device"),
     ("rocm", "no ROCm device"),
     ("tpu", r"pip install customop\[tpu\]"),
+    ("xpu", "no XPU device is visible"),
     ("bogus", "not a known platform"),
 ])
 def test_forced_platform_that_cannot_run_raises(monkeypatch, name, match):
@@ -132,10 +133,21 @@ def test_forced_platform_that_cannot_run_raises(monkeypatch, name, match):
         detect()
 
 
-@pytest.mark.parametrize("name", ["cpu", "xpu"])
+@pytest.mark.parametrize("name", ["cpu"])
 def test_forced_platform_that_can_run(monkeypatch, name):
     monkeypatch.setenv("CUSTOMOP_PLATFORM", name.upper())
     assert detect().name == name
+
+
+def test_backend_status_warns_when_torch_does_not_match_a_pinned_dependency(monkeypatch):
+    from customop.backend_loader import BACKENDS
+
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object())  # "installed"
+    ok, why = BACKENDS["xpu"].status()
+    assert ok and "intel_extension_for_pytorch works only with torch 2.8.*, but torch 2.13.0+cpu" in why
+    monkeypatch.setattr(torch, "__version__", "2.8.0+cpu")
+    assert "warning" not in BACKENDS["xpu"].status()[1]
 
 
 def test_platform_facts():
