@@ -23,9 +23,11 @@ import triton.language as tl
 from customop.backends.triton._common import device_guard, next_pow2, silu
 
 #: channels per program: 16-byte loads of a token's channel run in bf16 and enough programs at
-#: decode batch sizes; tokens per prefill program: the taps reuse the block's rows from L1
+#: decode batch sizes; tokens per prefill program: the taps reuse the block's rows from L1. 16 x 128
+#: at 8 warps compiles for sm_90 without spills (124 registers; 32 x 128 at 4 warps spilled: the
+#: int64 pointer tiles take two registers an element) - not yet timed on a GPU
 BLOCK_C = 128
-BLOCK_T = 32
+BLOCK_T = 16
 
 
 @triton.jit
@@ -145,7 +147,8 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         _conv_fwd_kernel[(triton.cdiv(T, BLOCK_T), triton.cdiv(C, bc))](
             x, weight, bias if bias is not None else weight, conv_states, out, qsl, slots, init,
             token_requests(qsl, T), T, C, null_block_id, *strides,
-            K=K, HAS_BIAS=bias is not None, SILU=silu, BLOCK_T=BLOCK_T, BLOCK_C=bc)
+            K=K, HAS_BIAS=bias is not None, SILU=silu, BLOCK_T=BLOCK_T, BLOCK_C=bc,
+            num_warps=8 if BLOCK_T * bc >= 2048 else 4)
         _conv_state_kernel[(S, triton.cdiv(C, bc))](
             x, conv_states, qsl, slots, init, C, null_block_id, x.stride(0), x.stride(1), *conv_states.stride(),
             K=K, BLOCK_C=bc)

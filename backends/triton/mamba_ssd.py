@@ -185,21 +185,28 @@ def ssd_chunk_scan(x, dt, A, B, C, D, dt_bias, ssm_states, query_start_loc, cach
     block_m = min(64, max(16, next_pow2(chunk_size)))
     blocks_per_chunk = triton.cdiv(chunk_size, block_m)
     flat = min(1024, next_pow2(P * N))
+    # the chunk scan holds C (block_m x N), h_in (N x block_p) and the accumulators at once: with
+    # N = 128 that is ~20K fp32 values, which 4 warps could hold only by spilling (not yet tuned
+    # on a GPU: these are starting points, like the block sizes above)
+    warps = 8 if block_n >= 128 else 4
+    # the chunk state's (P x N) accumulator: 64 x 128 spilled at 8 warps on sm_90, 32 x 128 did not
+    state_p = min(block_p, 32) if block_n >= 128 else block_p
     slots, init = cache_indices.to(torch.int32), has_initial_state.to(torch.int8)
     with device_guard(x.device):
         _cumsum_kernel[(n_chunks, H)](
             dt, dt_bias if dt_bias is not None else A, A, delta, acum, cstart, cend, H, dt.stride(0), dt.stride(1),
             HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus, CHUNK=next_pow2(chunk_size))
-        _chunk_state_kernel[(n_chunks, H, triton.cdiv(P, block_p))](
+        _chunk_state_kernel[(n_chunks, H, triton.cdiv(P, state_p))](
             x, B, delta, acum, states, cstart, cend, H, P, N, H // G, *x.stride(), *B.stride(),
-            BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_L=BLOCK_L, DOT=DOT)
+            BLOCK_P=state_p, BLOCK_N=block_n, BLOCK_L=BLOCK_L, DOT=DOT, num_warps=warps)
         _state_passing_kernel[(S, H, triton.cdiv(P * N, flat))](
             states, h_in, acum, ssm_states, cend, first, count, slots, init, null_block_id, H, P, N,
             *ssm_states.stride(), BLOCK=flat)
         _chunk_scan_kernel[(n_chunks * blocks_per_chunk, H, triton.cdiv(P, block_p))](
             x, B, C, D if D is not None else A, delta, acum, h_in, out, cstart, cend, H, P, N, H // G,
             blocks_per_chunk, *x.stride(), *B.stride(), *C.stride(),
-            HAS_D=D is not None, BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_L=BLOCK_L, DOT=DOT)
+            HAS_D=D is not None, BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_L=BLOCK_L, DOT=DOT,
+            num_warps=warps)
     return out
 
 
