@@ -28,6 +28,7 @@ dtype before ``P @ V``, as FlashAttention does.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 import torch
@@ -151,10 +152,13 @@ def triton_varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch
 
 @functools.cache
 def _torch_varlen():
-    """torch's ``varlen_attn`` (absent from older torch releases), or None."""
+    """torch's ``varlen_attn``, or None where the installed torch lacks it or its ``scale`` and
+    ``enable_gqa`` keywords (the first releases that had it took neither)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
+        return None
+    if not {"scale", "enable_gqa"} <= set(inspect.signature(varlen_attn).parameters):
         return None
     return varlen_attn
 

@@ -1,4 +1,5 @@
-"""The attention family's math: multimodal encoder attention (``mm_encoder_attn``) as pure functions.
+"""The attention family's math as pure functions: multimodal encoder attention (``mm_encoder_attn``)
+and SAM/ViTDet attention with decomposed relative positions (``rel_pos_attention``, below).
 
 Encoder attention is bidirectional (no causal mask, no KV cache) over *packed* sequences: the
 tokens of several images or windows sit one after another along the sequence dim, and
@@ -63,3 +64,54 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     Returns ``[T, Hq, D]``."""
     lengths = segment_lengths(cu_seqlens, query.shape[0], max_seqlen)
     return encoder_attention(query[None], key[None], value[None], lengths, scale)[0]
+
+
+# ---- rel_pos_attention: SAM / ViTDet attention with decomposed relative positions ------------------
+
+
+def get_rel_pos(q_size: int, k_size: int, rel_pos: torch.Tensor) -> torch.Tensor:
+    """``[q_size, k_size, C]``: the row of the position table ``rel_pos`` (``[L, C]``) for every
+    (query, key) offset along one axis. A table whose length is not ``2 * max(q_size, k_size) - 1``
+    is first resized to that length by linear interpolation (in fp32, ``align_corners=False``, cast
+    back), so a model trained at one resolution runs at another. Unequal sizes stretch the shorter
+    axis' coordinates to the longer one's."""
+    length = 2 * max(q_size, k_size) - 1
+    if rel_pos.shape[0] != length:
+        resized = F.interpolate(rel_pos.float().t()[None], size=length, mode="linear")[0]
+        rel_pos = resized.t().to(rel_pos.dtype)
+    q_coords = torch.arange(q_size, device=rel_pos.device)[:, None] * max(k_size / q_size, 1.0)
+    k_coords = torch.arange(k_size, device=rel_pos.device)[None, :] * max(q_size / k_size, 1.0)
+    offsets = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
+    return rel_pos[offsets.long()]
+
+
+def decomposed_rel_pos_bias(q: torch.Tensor, rel_pos_h: torch.Tensor, rel_pos_w: torch.Tensor,
+                            height: int, width: int) -> torch.Tensor:
+    """The additive attention bias of ``q`` (``[N, H * W, C]``, unscaled) over an ``H x W`` grid of
+    keys: ``bias[n, (h, w), (kh, kw)] = q[n, h, w] . Rh[h, kh] + q[n, h, w] . Rw[w, kw]``, as
+    ``[N, H * W, H * W]`` in q's dtype."""
+    n, _, c = q.shape
+    r_q = q.reshape(n, height, width, c)
+    rel_h = torch.einsum("bhwc,hkc->bhwk", r_q, get_rel_pos(height, height, rel_pos_h))
+    rel_w = torch.einsum("bhwc,wkc->bhwk", r_q, get_rel_pos(width, width, rel_pos_w))
+    return (rel_h[..., :, None] + rel_w[..., None, :]).reshape(n, height * width, height * width)
+
+
+def rel_pos_attention(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None,
+                      proj_weight: torch.Tensor, proj_bias: torch.Tensor | None, num_heads: int,
+                      rel_pos_h: torch.Tensor | None = None, rel_pos_w: torch.Tensor | None = None) -> torch.Tensor:
+    """The spec of ``rel_pos_attention`` (vLLM 0.33's SDPA path): ``x`` ``[B, H, W, dim]`` ->
+    ``[B, H, W, dim]``. One qkv projection, multi-head attention over the ``H * W`` tokens with
+    scale ``head_dim ** -0.5`` and, when the tables are given, the decomposed relative-position
+    bias added to the scaled scores (the bias itself is not scaled), then the output projection."""
+    batch, height, width, _ = x.shape
+    tokens = height * width
+    qkv = F.linear(x, qkv_weight, qkv_bias).reshape(batch, tokens, 3, num_heads, -1).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)  # [B, heads, H * W, head_dim]
+    bias = None
+    if rel_pos_h is not None:
+        flat = q.reshape(batch * num_heads, tokens, -1)
+        bias = decomposed_rel_pos_bias(flat, rel_pos_h, rel_pos_w, height, width).view(batch, num_heads, tokens, tokens)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    out = out.view(batch, num_heads, height, width, -1).permute(0, 2, 3, 1, 4).reshape(batch, height, width, -1)
+    return F.linear(out, proj_weight, proj_bias)

@@ -1,5 +1,6 @@
 """Attention: ``MMEncoderAttention`` (``mm_encoder_attn``), the multimodal encoder's attention with
-vLLM 0.33's constructor and call.
+vLLM 0.33's constructor and call; and ``RelPosAttention`` (``rel_pos_attention``, at the end), SAM's
+attention with decomposed relative positions (its spec on every platform so far).
 
 Bidirectional attention without a KV cache over packed sequences: ``cu_seqlens`` marks the
 segments (images, windows) of the sequence dim, and attention never crosses a segment (docs/attention.md).
@@ -16,11 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
 from customop.backends.cpu.attention import encoder_attention_by_runs
 from customop.config import get_config
 from customop.custom_op import CustomOp
-from customop.math.attention import encoder_attention, segment_lengths  # noqa: F401  (the spec, re-exported)
+from customop.math.attention import encoder_attention, rel_pos_attention, segment_lengths  # noqa: F401  (the spec)
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OP = "customop.mm_encoder_attn"
@@ -214,3 +216,62 @@ def _packed_cu_seqlens(cu_seqlens: torch.Tensor | None, batch: int, seq: int, de
         return cu
     starts = torch.arange(batch, dtype=torch.int32, device=device) * seq
     return torch.cat([(cu[:-1][None, :] + starts[:, None]).reshape(-1), cu[-1:] + starts[-1]])
+
+
+@CustomOp.register("rel_pos_attention")
+class RelPosAttention(CustomOp):
+    """SAM/ViTDet multi-head attention with decomposed relative positions (DeepSeek-OCR's SAM
+    encoder; vLLM 0.33's ``RelPosAttention`` constructor and parameter names, so its checkpoints
+    load as is: ``qkv.weight/bias``, ``proj.weight/bias``, ``rel_pos_h``, ``rel_pos_w``).
+
+    ``forward(x)``: ``[B, H, W, dim]`` -> ``[B, H, W, dim]`` (``customop.math.attention.rel_pos_attention``).
+    With ``use_rel_pos`` the position tables are ``[2 * input_size[i] - 1, head_dim]`` (zeros until
+    loaded); a grid of another size interpolates them. ``use_triton_attention`` and
+    ``rel_pos_zero_init`` are accepted for vLLM's signature and have no effect: every platform runs
+    the spec (no fused kernel yet). ``params_dtype`` (customop's) sets the parameters' dtype.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, use_rel_pos: bool = False,
+                 use_triton_attention: bool = False, rel_pos_zero_init: bool = True,
+                 input_size: tuple[int, int] | None = None, *, params_dtype: torch.dtype | None = None,
+                 enforce_enable: bool = False) -> None:
+        op = "customop.rel_pos_attention"
+        if not isinstance(dim, int) or not isinstance(num_heads, int) or num_heads <= 0 or dim <= 0 or dim % num_heads:
+            raise ValueError(f"{op}: num_heads={num_heads!r} must divide dim={dim!r} (both positive ints)")
+        if use_rel_pos and (input_size is None or len(input_size) != 2 or min(input_size) <= 0):
+            raise ValueError(f"{op}: use_rel_pos needs input_size=(height, width), got {input_size!r}")
+        super().__init__(enforce_enable=enforce_enable)
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.use_rel_pos, self.use_triton_attention = use_rel_pos, use_triton_attention
+        dtype = params_dtype or torch.get_default_dtype()
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, dtype=dtype)
+        self.proj = nn.Linear(dim, dim, dtype=dtype)
+        if use_rel_pos:
+            self.rel_pos_h = nn.Parameter(torch.zeros(2 * input_size[0] - 1, self.head_dim, dtype=dtype))
+            self.rel_pos_w = nn.Parameter(torch.zeros(2 * input_size[1] - 1, self.head_dim, dtype=dtype))
+        else:
+            self.rel_pos_h = self.rel_pos_w = None
+
+    def check_input(self, x: Any) -> None:
+        op = "customop.rel_pos_attention"
+        _check_tensor_named(op, "x", x)
+        if x.dtype != self.qkv.weight.dtype or x.dtype not in _DTYPES:
+            raise TypeError(f"{op}: x has dtype {x.dtype}, expected the weights' {self.qkv.weight.dtype}")
+        if x.device != self.qkv.weight.device:
+            raise ValueError(f"{op}: x is on {x.device} but the weights are on {self.qkv.weight.device}")
+        if x.dim() != 4 or x.shape[-1] != self.dim:
+            raise ValueError(f"{op}: x has shape {tuple(x.shape)}, expected [batch, height, width, {self.dim}]")
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        return rel_pos_attention(x, self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias, self.num_heads,
+                                 self.rel_pos_h, self.rel_pos_w)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, use_rel_pos={self.use_rel_pos}"
+
+
+def _check_tensor_named(op: str, arg: str, t: Any) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {arg} must be a torch.Tensor, got {type(t).__name__}")

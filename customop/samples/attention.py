@@ -1,4 +1,5 @@
-"""The attention family's case table (``mm_encoder_attn``): what every tier runs, and ``customop check``.
+"""The attention family's case tables (``mm_encoder_attn``; ``rel_pos_attention`` at the end): what
+every tier runs, and ``customop check``.
 
 - ``CASES``: head layouts: every head size vLLM's vision encoders use (64, 72, 80, 96, 128), full
   multi-head, grouped (GQA) and single-key-head (MQA) attention, the 3-D ``[B, S, H * D]`` and 4-D
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from customop.custom_op import CustomOp
 from customop.ops.attention import MMEncoderAttention
 from customop.testing import FLOAT_DTYPES, Sample, randn, register_samples
 
@@ -127,3 +129,67 @@ def _samples(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Samp
             kwargs = {"cu_seqlens": packing.cu_seqlens(device), "max_seqlen": torch.tensor(packing.max_seqlen)}
         samples.append(Sample(case.init_kwargs(), (q, k, v), kwargs, label=f"{case.label} {packing.label}"))
     return samples
+
+
+# ---- rel_pos_attention -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RelPosCase:
+    """A ``RelPosAttention`` variant and its ``[B, H, W, dim]`` inputs per tier. A grid other than
+    ``input_size`` makes the op interpolate its position tables."""
+
+    label: str
+    init: dict[str, Any]
+    shapes: dict[str, tuple[tuple[int, int, int, int], ...]]
+
+    def init_kwargs(self, dtype: torch.dtype) -> dict[str, Any]:
+        return {**self.init, "params_dtype": dtype}
+
+    def state(self, dtype: torch.dtype, device: str | torch.device = "cpu",
+              generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """Random weights in the op's parameter names (the position tables too: zeros would hide them)."""
+        dim, heads = self.init["dim"], self.init.get("num_heads", 8)
+        r = lambda *shape, scale: randn(*shape, dtype=dtype, device=device, scale=scale, generator=generator)  # noqa: E731
+        state = {"qkv.weight": r(3 * dim, dim, scale=dim ** -0.5), "proj.weight": r(dim, dim, scale=dim ** -0.5),
+                 "proj.bias": r(dim, scale=0.1)}
+        if self.init.get("qkv_bias", True):
+            state["qkv.bias"] = r(3 * dim, scale=0.1)
+        if self.init.get("use_rel_pos"):
+            h, w = self.init["input_size"]
+            state["rel_pos_h"] = r(2 * h - 1, dim // heads, scale=0.3)
+            state["rel_pos_w"] = r(2 * w - 1, dim // heads, scale=0.3)
+        return state
+
+    def build(self, dtype: torch.dtype, device: str | torch.device = "cpu",
+              generator: torch.Generator | None = None, **kwargs: Any):
+        op = CustomOp.op_registry["rel_pos_attention"](**self.init_kwargs(dtype), **kwargs).to(device)
+        op.requires_grad_(False)
+        op.load_state_dict(self.state(dtype, device, generator))
+        return op
+
+
+REL_POS_CASES = (
+    RelPosCase("rel_pos 8x8", {"dim": 64, "num_heads": 4, "use_rel_pos": True, "input_size": (8, 8)},
+               {"check": ((1, 8, 8, 64),), "small": ((2, 8, 8, 64),)}),
+    # 6 x 10 on tables for 8 x 8: the height table shrinks (15 -> 11 rows), the width one grows (15 -> 19)
+    RelPosCase("rel_pos interpolated", {"dim": 64, "num_heads": 4, "use_rel_pos": True, "input_size": (8, 8)},
+               {"check": ((1, 6, 10, 64),), "small": ((1, 6, 10, 64), (1, 1, 7, 64))}),
+    RelPosCase("rel_pos no qkv bias", {"dim": 32, "num_heads": 2, "qkv_bias": False, "use_rel_pos": True,
+                                       "input_size": (4, 6)}, {"check": ((1, 4, 6, 32),), "small": ((3, 4, 6, 32),)}),
+    RelPosCase("plain", {"dim": 48, "num_heads": 3}, {"check": ((2, 4, 7, 48),), "small": ((2, 4, 7, 48), (1, 1, 1, 48))}),
+)
+#: the GPU tier: SAM ViT-B's global blocks (64 x 64 tokens) and windowed ones (14 x 14 windows)
+REL_POS_REAL = (
+    RelPosCase("sam global 64x64", {"dim": 768, "num_heads": 12, "use_rel_pos": True, "input_size": (64, 64)},
+               {"real": ((1, 64, 64, 768),)}),
+    RelPosCase("sam window 14x14", {"dim": 768, "num_heads": 12, "use_rel_pos": True, "input_size": (14, 14)},
+               {"real": ((25, 14, 14, 768),)}),
+)
+
+
+@register_samples("rel_pos_attention", DTYPES)
+def _rel_pos_samples(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sample]:
+    return [Sample(case.init_kwargs(dtype), (randn(*shape, dtype=dtype, device=device, generator=gen),),
+                   state=case.state(dtype, device, gen), label=f"{case.label} {'x'.join(map(str, shape))}")
+            for case in REL_POS_CASES for shape in case.shapes["check"]]

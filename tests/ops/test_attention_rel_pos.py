@@ -1,0 +1,89 @@
+"""``rel_pos_attention`` (SAM/ViTDet attention with decomposed relative positions): every case of
+its table (``customop/samples/attention.py``) on forward_native and forward_cpu against a float64
+reference built on an explicit ``[H*W, H*W]`` bias (``tests/cases/attention.py``), the table
+interpolation, loading vLLM/SAM parameter names, bad inputs, torch.compile and conformance. Every
+platform runs the spec so far (docs/attention.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo.testing
+
+from customop.config import Config, use_config
+from customop.math.attention import get_rel_pos
+from customop.ops.attention import RelPosAttention
+from customop.samples.attention import DTYPES, REL_POS_CASES
+from customop.testing import assert_close, assert_conforms, assert_same_error, randn
+from tests.cases.attention import ref_rel_pos_attention, ref_resize
+
+PARAMS = [pytest.param(c, s, id=f"{c.label}-{'x'.join(map(str, s))}") for c in REL_POS_CASES for s in c.shapes["small"]]
+GEN = lambda seed=0: torch.Generator().manual_seed(seed)  # noqa: E731
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path", ["forward_native", "forward_cpu", "forward_cuda"])
+@pytest.mark.parametrize("case,shape", PARAMS)
+def test_matches_float64_reference(case, shape, path, dtype):
+    with use_config(Config(custom_ops=["all"])):
+        op = case.build(dtype, generator=GEN())
+    x = randn(*shape, dtype=dtype, generator=GEN(1))
+    got = getattr(op, path)(x)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert_close(got, ref_rel_pos_attention(op, x), dtype, what=case.label)
+
+
+@pytest.mark.parametrize("length,target", [(15, 11), (15, 19), (7, 7), (3, 1)])
+def test_table_interpolation_is_linear_with_half_pixel_centres(length, target):
+    table = randn(length, 8, generator=GEN(3), dtype=torch.float64)
+    size = (target + 1) // 2
+    got = get_rel_pos(size, size, table)  # [size, size, 8]: row i - j + size - 1 of the resized table
+    resized = ref_resize(table, target)
+    i, j = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    assert_close(got, resized[i - j + size - 1], torch.float32)  # the spec resizes in fp32
+
+
+def test_unequal_query_and_key_sizes_stretch_the_shorter_axis():
+    """q_size 2, k_size 4: query coordinates scale by 2 (vLLM/SAM's rule), offsets 2i - j + 3."""
+    table = torch.arange(7.0)[:, None]
+    got = get_rel_pos(2, 4, table)[..., 0]
+    assert torch.equal(got, torch.tensor([[3.0, 2, 1, 0], [5, 4, 3, 2]]))
+
+
+def test_loads_vllm_parameter_names_and_defaults():
+    op = RelPosAttention(64, 4, use_rel_pos=True, input_size=(14, 10))
+    assert sorted(n for n, _ in op.named_parameters()) == \
+        ["proj.bias", "proj.weight", "qkv.bias", "qkv.weight", "rel_pos_h", "rel_pos_w"]
+    assert op.rel_pos_h.shape == (27, 16) and op.rel_pos_w.shape == (19, 16) and not op.rel_pos_h.any()
+    assert op.scale == 16 ** -0.5 and RelPosAttention.name == "rel_pos_attention"
+    assert RelPosAttention(64, qkv_bias=False).qkv.bias is None
+
+
+def test_bad_arguments_and_inputs():
+    with pytest.raises(ValueError, match="num_heads=5 must divide dim=64"):
+        RelPosAttention(64, 5)
+    with pytest.raises(ValueError, match="use_rel_pos needs input_size"):
+        RelPosAttention(64, 4, use_rel_pos=True)
+    op = RelPosAttention(64, 4)
+    paths = ["forward_native", "forward_cpu"]
+    for x, error, match in ((randn(2, 16, 64), ValueError, r"x has shape \(2, 16, 64\), expected \[batch, height, width, 64\]"),
+                            (randn(1, 4, 4, 32), ValueError, "x has shape"),
+                            (randn(1, 4, 4, 64, dtype=torch.bfloat16), TypeError, "x has dtype torch.bfloat16"),
+                            (None, TypeError, "x must be a torch.Tensor")):
+        for path in paths:
+            with pytest.raises(error, match=f"customop.rel_pos_attention: {match}"):
+                getattr(op, path)(x)
+
+
+def test_compiles_fullgraph():
+    case = REL_POS_CASES[1]
+    op = case.build(torch.float32, generator=GEN())
+    x = randn(*case.shapes["small"][0], generator=GEN(1))
+    counter = torch._dynamo.testing.CompileCounter()
+    got = torch.compile(op, backend=counter, fullgraph=True)(x)
+    assert_close(got, ref_rel_pos_attention(op, x), torch.float32)
+    assert counter.frame_count == 1
+
+
+def test_conforms():
+    assert_conforms(RelPosAttention)
