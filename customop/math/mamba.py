@@ -11,9 +11,9 @@ Batch and cache contract (docs/mamba.md has the user's version):
   inputs, oldest first (the rest is never read or written). The SSM state is ``(H, P, N)``.
 - A request starts from its slot's states when ``has_initial_state[i]`` (decode requests always
   do), else from zeros; afterwards its slot holds its final states, in the cache's dtype.
-- A slot that is ``PAD_SLOT_ID`` (-1) or the reserved null block (``null_block_id``, 0 in vLLM)
-  marks padding (CUDA-graph padding rows): the request is computed from zero states and nothing
-  is read from or written to any cache slot. A request with no tokens is skipped entirely.
+- A negative slot (``PAD_SLOT_ID`` is -1) or the reserved null block (``null_block_id``, 0 in
+  vLLM) marks padding (CUDA-graph padding rows): the request is computed from zero states and
+  nothing is read from or written to any cache slot. A request with no tokens is skipped entirely.
 
 Rounding follows vLLM's kernels: the conv casts its input to the conv state's dtype and
 accumulates in fp32; the scans run in fp32; outputs are cast to the input's dtype once.
@@ -91,17 +91,15 @@ class MambaMetadata:
             raise ValueError("MambaMetadata.build: prefill_lens, prefill_slots and has_initial_state "
                              "need one entry per prefill request")
         ints = dict(dtype=torch.int32, device=device)
-        prefill = None
-        if len(prefill_lens):
-            qsl = torch.tensor([0, *prefill_lens], **ints).cumsum(0, dtype=torch.int32)
-            prefill = (qsl, torch.tensor(list(prefill_slots), **ints),
-                       torch.tensor(list(has_initial_state), dtype=torch.bool, device=device))
+        decodes = torch.tensor(list(decode_slots), **ints) if len(decode_slots) else None
+        if not len(prefill_lens):
+            return cls(num_decodes=len(decode_slots), state_indices_tensor_d=decodes, chunk_size=chunk_size)
         return cls(num_decodes=len(decode_slots), num_prefills=len(prefill_lens),
                    num_prefill_tokens=int(sum(prefill_lens)),
-                   query_start_loc_p=prefill and prefill[0], state_indices_tensor_p=prefill and prefill[1],
-                   has_initial_states_p=prefill and prefill[2],
-                   state_indices_tensor_d=torch.tensor(list(decode_slots), **ints) if len(decode_slots) else None,
-                   chunk_size=chunk_size)
+                   query_start_loc_p=torch.tensor([0, *prefill_lens], **ints).cumsum(0, dtype=torch.int32),
+                   state_indices_tensor_p=torch.tensor(list(prefill_slots), **ints),
+                   has_initial_states_p=torch.tensor(list(has_initial_state), dtype=torch.bool, device=device),
+                   state_indices_tensor_d=decodes, chunk_size=chunk_size)
 
 
 def iter_requests(query_start_loc: torch.Tensor, cache_indices: torch.Tensor, has_initial_state: torch.Tensor,

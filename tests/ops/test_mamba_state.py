@@ -129,6 +129,23 @@ def test_padding_and_unused_slots_are_never_read_or_written(case, path):
         assert torch.equal(c[3], b[3]) and torch.equal(c[4], b[4]), "a slot no request owns changed"
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_mamba2_mup_vector(path):
+    """Falcon-H1's ``mup_vector`` scales the input projection's output (z, xBC and dt alike)."""
+    from customop.samples.mamba import BATCHES
+    from tests.cases.mamba import assert_matches, reference
+
+    case, batch = BY_LABEL["mamba_mixer2"], BATCHES["small"][2]
+    op = layer(case)
+    h, *caches, meta = case.inputs(op, batch, torch.float32, torch.Generator().manual_seed(1))
+    mup = 0.5 + torch.rand(op.in_proj.output_size_per_partition, generator=torch.Generator().manual_seed(4))
+    expected = reference(case, op, batch, h, *caches, mup_vector=mup)
+    plain = reference(case, op, batch, h, *caches)
+    out = getattr(op, path)(h, *caches, meta, mup_vector=mup)
+    assert_matches((out, *caches), expected, torch.float32, what=path)
+    assert not torch.allclose(expected[0], plain[0], atol=1e-3), "mup_vector made no difference"
+
+
 # ---- the chunked SSD form == the recurrence ------------------------------------------------------
 
 
