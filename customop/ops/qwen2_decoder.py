@@ -3,7 +3,7 @@ encoder, with vLLM 0.33's constructor, built from customop's own ops.
 
 vLLM builds a Hugging Face ``Qwen2Model`` (no vLLM kernels) and deletes its token embedding; here
 every layer is customop's ``RMSNorm``, ``ReplicatedLinear`` (q/k/v with bias, o without; SwiGLU's
-gate/up/down), the RoPE module of ``get_rope`` (neox style, ``rope_theta``) and ``SiluAndMul``, so
+gate/up/down), a ``RotaryEmbedding`` (neox style, ``rope_theta``) and ``SiluAndMul``, so
 each of them runs its own platform path. Parameter names follow HF's ``Qwen2Model`` under
 ``model.`` (``model.layers.0.self_attn.q_proj.weight``, ..., ``model.norm.weight``), as vLLM's
 module has them, so its checkpoints load as is.
@@ -30,7 +30,7 @@ from customop.math.qwen2_decoder import additive_mask
 from customop.ops.activation import SiluAndMul
 from customop.ops.layernorm import RMSNorm
 from customop.ops.linear import ReplicatedLinear
-from customop.ops.rotary_embedding import get_rope
+from customop.ops.rotary_embedding import RotaryEmbedding
 
 _OP = "customop.qwen2_decoder"
 
@@ -113,8 +113,10 @@ class CustomQwen2Decoder(CustomOp):
         self.model = _Model(decoder_layer, hidden_dimension, num_attention_heads, num_key_value_heads,
                             intermediate_size, rms_norm_eps, dtype)
         head_dim = hidden_dimension // num_attention_heads
-        self.rotary_emb = get_rope(head_dim, max_position=max_position_embeddings, base=rope_theta,
-                                   is_neox_style=True, dtype=torch.float32)
+        # its own instance, not get_rope's shared one: a decoder built on the meta device must not
+        # leave a meta cos/sin cache behind for every later get_rope caller with these arguments
+        self.rotary_emb = RotaryEmbedding(head_dim, head_dim, max_position_embeddings, rope_theta,
+                                          is_neox_style=True, dtype=torch.float32)
 
     def check_input(self, x: Any, attention_mask: Any) -> None:
         if not isinstance(x, torch.Tensor):

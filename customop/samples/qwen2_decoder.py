@@ -26,13 +26,29 @@ class DecoderCase:
     def init_kwargs(self, dtype: torch.dtype) -> dict[str, Any]:
         return {**self.init, "params_dtype": dtype}
 
+    def shapes_of_parameters(self) -> dict[str, tuple[int, ...]]:
+        """Every parameter's name and shape (the layout of ``CustomQwen2Decoder``, computed
+        without building one: the real config has half a billion parameters)."""
+        cfg = {"decoder_layer": 24, "hidden_dimension": 896, "num_attention_heads": 14, "num_key_value_heads": 2,
+               "intermediate_size": 4864, **self.init}
+        hid, inter = cfg["hidden_dimension"], cfg["intermediate_size"]
+        kv = cfg["num_key_value_heads"] * hid // cfg["num_attention_heads"]
+        shapes = {"model.norm.weight": (hid,)}
+        for i in range(cfg["decoder_layer"]):
+            pre = f"model.layers.{i}."
+            shapes.update({pre + "self_attn.q_proj.weight": (hid, hid), pre + "self_attn.q_proj.bias": (hid,),
+                           pre + "self_attn.k_proj.weight": (kv, hid), pre + "self_attn.k_proj.bias": (kv,),
+                           pre + "self_attn.v_proj.weight": (kv, hid), pre + "self_attn.v_proj.bias": (kv,),
+                           pre + "self_attn.o_proj.weight": (hid, hid), pre + "mlp.gate_proj.weight": (inter, hid),
+                           pre + "mlp.up_proj.weight": (inter, hid), pre + "mlp.down_proj.weight": (hid, inter),
+                           pre + "input_layernorm.weight": (hid,), pre + "post_attention_layernorm.weight": (hid,)})
+        return shapes
+
     def state(self, dtype: torch.dtype, device: str | torch.device = "cpu",
               generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        """Random values for every parameter (shapes from a throwaway instance on the meta device)."""
-        with torch.device("meta"):
-            shapes = {n: p.shape for n, p in CustomQwen2Decoder(**self.init_kwargs(dtype)).named_parameters()}
+        """Random values for every parameter."""
         state = {}
-        for name, shape in shapes.items():
+        for name, shape in self.shapes_of_parameters().items():
             if name.endswith("norm.weight"):
                 state[name] = 1.0 + randn(*shape, dtype=dtype, device=device, scale=0.2, generator=generator)
             else:

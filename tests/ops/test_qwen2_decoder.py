@@ -19,7 +19,7 @@ import torch._dynamo.testing
 from customop.config import Config, use_config
 from customop.math.qwen2_decoder import allowed
 from customop.ops.qwen2_decoder import CustomQwen2Decoder
-from customop.samples.qwen2_decoder import BY_LABEL, CASES, DTYPES
+from customop.samples.qwen2_decoder import BY_LABEL, CASES, DTYPES, DecoderCase
 from customop.testing import assert_close, assert_conforms, forced_platform, randn
 from tests.cases.qwen2_decoder import ref_decoder, ref_mask
 
@@ -71,6 +71,8 @@ def test_vllm_constructor_and_parameter_names():
     with torch.device("meta"):
         op = CustomQwen2Decoder()
     names = {n for n, _ in op.named_parameters()}
+    assert {n: tuple(p.shape) for n, p in op.named_parameters()} == \
+        DecoderCase("vLLM defaults", {}, {}).shapes_of_parameters()
     assert len(op.model.layers) == 24 and op.hidden_size == 896
     assert "model.layers.23.self_attn.q_proj.bias" in names and "model.layers.0.self_attn.o_proj.bias" not in names
     assert "model.norm.weight" in names and not any("embed_tokens" in n for n in names)
