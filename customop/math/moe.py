@@ -214,7 +214,7 @@ def fused_experts_grouped(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, 
     # rows past the last group are not written by _grouped_mm: zero them (remote slots)
     y = torch.where((sorted_key < n_local)[:, None], y, 0.0)
     out = torch.zeros(t * k, y.shape[1], dtype=torch.float32, device=x.device).index_copy_(0, order, y)
-    return out.view(t, k, -1).sum(dim=1).to(x.dtype)
+    return out.view(t, k, w2.shape[1]).sum(dim=1).to(x.dtype)
 
 
 # ---- token alignment (the Triton kernels' layout) ---------------------------------------------

@@ -38,7 +38,10 @@ def build(case, dtype, g=None, **kwargs):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case,tokens", PARAMS)
-def test_native_and_cpu_match_reference(case, tokens, dtype, poison_empty):
+def test_native_and_cpu_match_reference(case, tokens, dtype, poison_empty, monkeypatch):
+    # bf16 at 33 tokens x top_k 4 would compile a graph (seconds here): the compiled form has its
+    # own tests below
+    monkeypatch.setattr(moe_cpu, "COMPILE_FROM_SLOTS", 1 << 30)
     layer = build(case, dtype)
     x, logits = case.inputs(tokens, dtype, generator=gen(case.label, tokens, str(dtype)))
     expected = ref.layer_output(layer, x, logits)
@@ -65,6 +68,25 @@ def test_cpu_formulations_match_reference(label, name):
     ref.assert_layer(f"{label} {name}", out, expected, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("label", ["silu E6 k3 H40 I24", "gelu E4 k1 H36 I20 sigmoid"])
+def test_forward_cpu_runs_the_measured_choice(label, dtype, monkeypatch):
+    """The table's choice, or the loop where _grouped_mm cannot take the rows (H 36 in 2-byte
+    dtypes: 72-byte rows)."""
+    ran = []
+    for name, fn in list(moe_cpu.FORMULATIONS.items()):
+        monkeypatch.setitem(moe_cpu.FORMULATIONS, name, lambda *a, _n=name, _f=fn: ran.append(_n) or _f(*a))
+    case = LAYERS_BY_LABEL[label]
+    layer = build(case, dtype)
+    x, logits = case.inputs(7, dtype, generator=gen("choice", label, str(dtype)))
+    with torch.no_grad():
+        ref.assert_layer("choice", layer(x, logits), ref.layer_output(layer, x, logits), dtype)
+    aligned = (case.hidden * x.element_size()) % 16 == 0
+    # 7 tokens: below the compile threshold, bf16 runs the eager grouped form
+    assert ran == [("grouped" if dtype == torch.bfloat16 else moe_cpu.CHOICE[dtype]) if aligned else "per_expert"]
+    assert moe_cpu.choice(x.new_empty(64, x.shape[1]), layer.w2_weight, 2) == (moe_cpu.CHOICE[dtype] if aligned else "per_expert")
+
+
 @pytest.mark.parametrize("label", ["silu E8 k2 H96 I64", "grouped E8 k2 g4 tg2 bias x2.5", "ep2 rank1 E8 k2"])
 def test_kernel_path_through_the_library_ops(label):
     """forward_kernel calls torch.ops.customop.*; on CPU tensors their reference bodies run."""
@@ -88,17 +110,18 @@ def test_fused_experts_op_passes_opcheck():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", ["forward_cpu", "forward_kernel"])
-def test_layer_compiles_fullgraph(path):
-    """The CPU path switches to the grouped formulation inside torch.compile (static shapes);
-    the kernel path is two library ops (one node each)."""
+@pytest.mark.parametrize("path,dtype", [("forward_cpu", torch.bfloat16), ("forward_cpu", torch.float16),
+                                        ("forward_kernel", torch.bfloat16)], ids=str)
+def test_layer_compiles_fullgraph(path, dtype):
+    """Inside torch.compile the CPU path runs the grouped form in bf16 (static shapes) and the
+    library op otherwise; the kernel path is library ops (one node each)."""
     case = LAYERS_BY_LABEL["grouped E8 k2 g4 tg2 bias x2.5"]
-    layer = build(case, torch.bfloat16)
-    x, logits = case.inputs(7, torch.bfloat16, generator=gen("compile", path))
+    layer = build(case, dtype)
+    x, logits = case.inputs(7, dtype, generator=gen("compile", path))
     torch.compiler.reset()
     with torch.no_grad():
         out = torch.compile(getattr(layer, path), fullgraph=True)(x, logits)
-    ref.assert_layer(f"compiled {path}", out, ref.layer_output(layer, x, logits), torch.bfloat16)
+    ref.assert_layer(f"compiled {path}", out, ref.layer_output(layer, x, logits), dtype)
 
 
 def test_conforms():

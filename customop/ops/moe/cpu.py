@@ -10,7 +10,8 @@ Candidates, all the spec's math (``customop/math/moe.py``):
   the down projection is rounded to the input dtype before the router weight multiplies it);
 - ``grouped``: ``torch._grouped_mm`` over the slots sorted by expert (no data-dependent
   shapes: what runs inside a caller's ``torch.compile``);
-- ``compiled``: Inductor's compilation of ``grouped``.
+- ``compiled``: Inductor's compilation of ``grouped`` (bf16 only: Dynamo's ``_grouped_mm``
+  rejects other dtypes), one graph with dynamic shapes for every token count.
 """
 
 from __future__ import annotations
@@ -20,9 +21,16 @@ import torch.nn.functional as F
 
 from customop.math import moe as _math
 
-#: the formulation forward_cpu runs, per input dtype (measured: benchmarks/results/cpu_moe.md)
-CHOICE: dict[torch.dtype, str] = {torch.bfloat16: "per_expert", torch.float16: "per_expert",
-                                  torch.float32: "per_expert"}
+#: the formulation forward_cpu runs, per input dtype. Measured (benchmarks/results/cpu_moe.md, one
+#: thread, E8 and E128 layers, 1-256 tokens): the spec is 2.5-4x slower than the rest in bf16/fp16
+#: (it converts the used experts' weights to fp32 on every call); in bf16 the compiled grouped
+#: form was best in 7 of 10 rows from 128 slots (T x top_k; 4-25%), within 5% in 2, and tied
+#: with the eager grouped form below; Dynamo's _grouped_mm takes bf16 only, so fp16 and fp32
+#: run the grouped form eagerly (best or within 10% of the best in every row).
+CHOICE: dict[torch.dtype, str] = {torch.bfloat16: "compiled", torch.float16: "grouped", torch.float32: "grouped"}
+#: "compiled" runs from this many (token, k) slots; below, the eager grouped form: the same speed
+#: there, without a compile per layer variant (seconds each) for decode-only or check-sized calls
+COMPILE_FROM_SLOTS = 128
 
 
 def per_expert(x, w13, w2, topk_weights, topk_ids, expert_map=None, w13_bias=None, w2_bias=None,
@@ -71,9 +79,29 @@ FORMULATIONS = {"spec": _math.fused_experts, "per_expert": per_expert, "grouped"
                 "compiled": compiled}
 
 
-def fused_experts(x, *args):
-    """``forward_cpu``'s experts: inside a caller's ``torch.compile`` the grouped form (static
-    shapes), else the measured choice for x's dtype."""
+def grouped_applies(x: torch.Tensor, w2: torch.Tensor) -> bool:
+    """``torch._grouped_mm`` wants rows of 16-byte multiples (H and I; fp16 checks it on CPU)."""
+    return (x.shape[1] * x.element_size()) % 16 == 0 and (w2.shape[2] * x.element_size()) % 16 == 0
+
+
+def fused_experts(x, w13, w2, *args):
+    """``forward_cpu``'s experts: the measured choice for x's dtype (the loop where the grouped
+    forms do not apply). Inside a caller's ``torch.compile``: the grouped form in bf16 (static
+    shapes: the caller's Inductor takes it), else the library op, one opaque node whose CPU body
+    is the spec."""
+    grouped = grouped_applies(x, w2)
     if torch.compiler.is_compiling():
-        return _math.fused_experts_grouped(x, *args)
-    return FORMULATIONS[CHOICE.get(x.dtype, "spec")](x, *args)
+        if grouped and x.dtype == torch.bfloat16:
+            return _math.fused_experts_grouped(x, w13, w2, *args)
+        return torch.ops.customop.fused_experts(x, w13, w2, *args)
+    return FORMULATIONS[choice(x, w2, args[1].shape[1])](x, w13, w2, *args)
+
+
+def choice(x: torch.Tensor, w2: torch.Tensor, top_k: int) -> str:
+    """The formulation ``fused_experts`` runs for these inputs (outside ``torch.compile``)."""
+    name = CHOICE.get(x.dtype, "spec")
+    if name in ("grouped", "compiled") and not grouped_applies(x, w2):
+        return "per_expert"
+    if name == "compiled" and x.shape[0] * top_k < COMPILE_FROM_SLOTS:
+        return "grouped"
+    return name
