@@ -1,6 +1,9 @@
-"""Random-input builders per op family, for ``assert_conforms`` and ``customop check``.
+"""One case table per op family (``<family>.py``): the op variants with their constructor
+arguments, the input sizes of each test tier and the dtypes. The project's tests read them in
+every tier (their float64 references are in ``tests/cases/``); ``customop check`` and
+``customop.testing.assert_conforms`` run their ``"check"`` sizes.
 
-Every module in this package is imported, and registers its builders with
+Every module in this package is imported, and registers its sample builders with
 ``customop.testing.register_samples``.
 """
 
