@@ -1,0 +1,120 @@
+"""``multi_head_latent_attention`` (DeepSeek MLA over a paged latent cache): every batch of its table
+(``customop/samples/mla.py``), with q LoRA and with a plain q projection, on forward_native and
+forward_cpu against the float64 reference (``tests/cases/mla.py``: per-head up-projected attention,
+never the absorbed form), the rows written to the cache, decode == prefill on one sequence,
+``llama_4_scaling``, the profile run, bad metadata, conformance. The spec runs on every platform so
+far (no decode kernel yet: docs/mla.md).
+
+fp32 is compared elementwise; bf16/fp16 by normwise relative error, at most four unit roundoffs
+(the layer stores ~10 intermediate results in the dtype, the reference none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from customop.ops.mla import MLAMetadata, MultiHeadLatentAttentionWrapper
+from customop.samples.mla import BATCHES, BLOCK_SIZE, DTYPES, Batch, build_modules, init_kwargs
+from customop.testing import assert_close, assert_conforms, randn
+from tests.cases.mla import reference
+
+NORMWISE = {torch.bfloat16: 4 * 2.0 ** -8, torch.float16: 4 * 2.0 ** -11}
+
+
+def close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    if dtype == torch.float32:
+        assert_close(got, expected, dtype, what=what)
+        return
+    err = float((got.double() - expected).norm() / expected.norm())
+    assert err <= NORMWISE[dtype], f"{what}: normwise relative error {err:.2e} > {NORMWISE[dtype]:.2e}"
+
+
+def make(q_lora: bool, batch: Batch, dtype: torch.dtype):
+    op = MultiHeadLatentAttentionWrapper(**init_kwargs(build_modules(q_lora, dtype), q_lora))
+    return (op, *batch.build(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("path", ["forward_native", "forward_cpu"])
+@pytest.mark.parametrize("q_lora,batch", list(itertools.product((True, False), BATCHES)),
+                         ids=lambda v: v.label if isinstance(v, Batch) else ("q_lora" if v else "q_proj"))
+def test_matches_float64_reference(q_lora, batch, path, dtype):
+    op, positions, hidden, cache, meta = make(q_lora, batch, dtype)
+    before = cache.clone()
+    expected, rows = reference(op, positions, hidden, before, meta)
+    got = getattr(op, path)(positions, hidden, cache, meta)
+    assert got.dtype == dtype and got.shape == hidden.shape
+    close(got, expected, dtype, f"{batch.label} {path}")
+    written = cache.view(-1, cache.shape[-1])[meta.slot_mapping]
+    close(written, rows, dtype, "cache rows")
+    untouched = torch.ones(cache.numel() // cache.shape[-1], dtype=torch.bool)
+    untouched[meta.slot_mapping] = False
+    assert torch.equal(cache.view(-1, cache.shape[-1])[untouched].isnan(), before.view(-1, cache.shape[-1])[untouched].isnan())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("q_lora", [True, False], ids=["q_lora", "q_proj"])
+def test_decode_equals_prefill(q_lora, dtype):
+    """One 9-token sequence: prefilled at once, or 5 tokens prefilled then 4 decode steps through
+    the cache and block table. Absorbed decode and up-projected prefill must agree."""
+    op = MultiHeadLatentAttentionWrapper(**init_kwargs(build_modules(q_lora, dtype), q_lora))
+    gen = torch.Generator().manual_seed(5)
+    hidden = randn(9, op.hidden_size, dtype=dtype, generator=gen)
+    table = torch.tensor([[7, 2, 5]], dtype=torch.int32)  # 3 blocks of 4 hold 9 positions
+
+    def step(cache, start, count, decode):
+        pos = torch.arange(start, start + count)
+        slots = table[0, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE
+        meta = MLAMetadata(slots, table, torch.tensor([start + count]), torch.tensor([0, count]), int(decode))
+        return op(pos, hidden[start:start + count], cache, meta)
+
+    fresh = lambda: torch.full((8, BLOCK_SIZE, op.kv_lora_rank + op.qk_rope_head_dim), float("nan"), dtype=dtype)  # noqa: E731
+    whole = step(fresh(), 0, 9, decode=False)
+    cache = fresh()
+    parts = [step(cache, 0, 5, decode=False)] + [step(cache, t, 1, decode=True) for t in range(5, 9)]
+    close(torch.cat(parts).double(), whole.double(), dtype, "decode vs prefill")
+
+
+def test_llama_4_scaling_and_profile_run():
+    op, positions, hidden, cache, meta = make(True, BATCHES[0], torch.float32)
+    scaling = 1.0 + randn(hidden.shape[0], 1, 1, generator=torch.Generator().manual_seed(3)).abs()
+    expected, _ = reference(op, positions, hidden, cache.clone(), meta, scaling)
+    assert_close(op(positions, hidden, cache, meta, llama_4_scaling=scaling), expected, torch.float32)
+    assert torch.equal(op(positions, hidden), torch.zeros_like(hidden))  # no metadata: vLLM's profile run
+
+
+def _bad(meta: MLAMetadata, **changes) -> MLAMetadata:
+    return dataclasses.replace(meta, **changes)
+
+
+def test_bad_metadata_and_inputs():
+    op, positions, hidden, cache, meta = make(True, BATCHES[0], torch.float32)
+    table = meta.block_table.clone()
+    table[1, 0] = 48
+    cases = [
+        (_bad(meta, block_table=table), "cache block table out of range: request 1 uses blocks"),
+        (_bad(meta, slot_mapping=meta.slot_mapping + 48 * BLOCK_SIZE), "slot_mapping must be"),
+        (_bad(meta, query_start_loc=torch.tensor([0, 1, 2, 9, 17])), "query_start_loc"),
+        (_bad(meta, seq_lens=torch.tensor([14, 7, 3, 9])), "request 2 has 7 new tokens in a context of 3"),
+        (_bad(meta, num_decodes=5), "4 requests but num_decodes=5"),
+    ]
+    for bad, match in cases:
+        with pytest.raises(ValueError, match=f"customop.multi_head_latent_attention: {match}"):
+            op(positions, hidden, cache, bad)
+    with pytest.raises(ValueError, match="hidden_states must be"):
+        op(positions, hidden[:, :10], cache, meta)
+    with pytest.raises(ValueError, match="kv_cache must be"):
+        op(positions, hidden, cache[..., :-1], meta)
+    with pytest.raises(ValueError, match="needs mla_modules.fused_qkv_a_proj"):
+        MultiHeadLatentAttentionWrapper(**init_kwargs(build_modules(False, torch.float32), True))
+    with pytest.raises(NotImplementedError, match="sparse MLA"):
+        modules = dataclasses.replace(build_modules(True, torch.float32), is_sparse=True)
+        MultiHeadLatentAttentionWrapper(**init_kwargs(modules, True))
+
+
+def test_conforms():
+    assert_conforms(MultiHeadLatentAttentionWrapper)
