@@ -221,3 +221,57 @@ def _layers(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sampl
             out.append(Sample(init, case.inputs(tokens, dtype, device, gen), state=state, compare=compare_layer,
                               label=f"{case.label} T{tokens}"))
     return out
+
+
+# ---- vLLM 0.33's other names: the experts with the routing given, the gate, the methods -----------
+
+#: the cases the routing-given ops run (a gated bias case, an expert map, the input weight)
+GIVEN = ("silu E6 k3 H40 I24", "swigluoai E4 k2 H64 I48 bias", "ep2 rank1 E8 k2", "on-input E5 k1 H64 I32")
+
+
+def routed_inputs(layer, case: LayerCase, tokens: int, dtype: torch.dtype, device: Any = "cpu",
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hidden_states, fp32 topk_weights, int32 topk_ids) routed by the layer's own router."""
+    x, logits = case.inputs(tokens, dtype, device, generator)
+    w, ids = layer.select_experts(x, logits)
+    return x, w, ids
+
+
+def _given_samples(op: str):
+    def build(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sample]:
+        out = []
+        for label in GIVEN:
+            case = LAYERS_BY_LABEL[label]
+            layer = case.build(dtype).to(device)
+            state = case.weights(layer, device, gen)
+            with torch.no_grad():
+                for name, value in state.items():
+                    getattr(layer, name).copy_(value)
+            x, w, ids = routed_inputs(layer, case, 5, dtype, device, gen)
+            if op in ("routed_experts", "transformers_fused_moe"):
+                init = dict(num_experts=case.num_experts, top_k=case.top_k, hidden_size=case.hidden,
+                            intermediate_size=case.intermediate, params_dtype=dtype, **case.init)
+                if op == "transformers_fused_moe" and (case.init or label.startswith("swiglu")):
+                    continue  # HF experts: plain gated silu without bias or expert map
+                args = (x, w, ids) if op == "routed_experts" else (x, ids, w)
+                out.append(Sample(init, args, state=state, compare=compare_layer, label=f"{label} T5"))
+            else:  # the methods take the layer
+                out.append(Sample({}, (layer, x, w, ids), compare=compare_layer, label=f"{label} T5"))
+        return out
+
+    return build
+
+
+for _op in ("routed_experts", "transformers_fused_moe", "unquantized_fused_moe", "modular_fused_moe"):
+    register_samples(_op, DTYPES)(_given_samples(_op))
+
+
+@register_samples("gate_linear", DTYPES)
+def _gate(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sample]:
+    out = []
+    for hidden, experts, out_dtype in ((64, 8, None), (96, 16, torch.float32)):
+        state = {"weight": randn(experts, hidden, dtype=dtype, device=device, generator=gen, scale=hidden ** -0.5)}
+        x = randn(5, hidden, dtype=dtype, device=device, generator=gen)
+        out.append(Sample({"input_size": hidden, "output_size": experts, "params_dtype": dtype, "out_dtype": out_dtype},
+                          (x,), state=state, label=f"gate_linear {hidden}->{experts} out_dtype={out_dtype}"))
+    return out
