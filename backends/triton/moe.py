@@ -13,6 +13,10 @@
    cast, one row per slot of ``[T*K, H]``;
 4. the top-k sum: ``out[t] = sum_k`` of the slot rows of local experts, in fp32, cast once.
 
+Sparse decode (``T * top_k * 4 <= E``, no expert map) skips the alignment: each GEMM block is one
+slot, its expert read from the ids. Ids outside ``[0, E)`` (which only the op classes' CPU check
+rejects) are dropped on every route, never read out of bounds.
+
 Both GEMMs accumulate in fp32; fp32 inputs use full-precision dots (``input_precision="ieee"``,
 not TF32). Under the Triton interpreter (CI) bf16 operands are widened to fp32 before ``tl.dot``,
 whose bf16 form is wrong there; the GPU runs the bf16 dot.
@@ -39,18 +43,21 @@ _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
-def _local_expert(ids_ptr, map_ptr, offs, mask, HAS_MAP: tl.constexpr):
+def _local_expert(ids_ptr, map_ptr, offs, mask, n_ids, HAS_MAP: tl.constexpr):
+    """The local expert of each slot, -1 for none: id -1, an id outside [0, n_ids) (dropped, not
+    read out of bounds: devices skip the op classes' range check), or a remote expert."""
     e = tl.load(ids_ptr + offs, mask=mask, other=-1)
+    e = tl.where((e >= 0) & (e < n_ids), e, -1)
     if HAS_MAP:
         e = tl.where(e >= 0, tl.load(map_ptr + tl.maximum(e, 0), mask=mask & (e >= 0), other=-1), -1)
     return e
 
 
 @triton.jit
-def _count_kernel(ids_ptr, map_ptr, counts_ptr, n_slots, HAS_MAP: tl.constexpr, BLOCK: tl.constexpr):
+def _count_kernel(ids_ptr, map_ptr, counts_ptr, n_slots, n_ids, HAS_MAP: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_slots
-    e = _local_expert(ids_ptr, map_ptr, offs, mask, HAS_MAP)
+    e = _local_expert(ids_ptr, map_ptr, offs, mask, n_ids, HAS_MAP)
     tl.atomic_add(counts_ptr + e, 1, mask=mask & (e >= 0))
 
 
@@ -75,10 +82,11 @@ def _offsets_kernel(counts_ptr, cursor_ptr, expert_ids_ptr, ntpp_ptr, n_experts,
 
 
 @triton.jit
-def _scatter_kernel(ids_ptr, map_ptr, cursor_ptr, sorted_ptr, n_slots, HAS_MAP: tl.constexpr, BLOCK: tl.constexpr):
+def _scatter_kernel(ids_ptr, map_ptr, cursor_ptr, sorted_ptr, n_slots, n_ids, HAS_MAP: tl.constexpr,
+                    BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_slots
-    e = _local_expert(ids_ptr, map_ptr, offs, mask, HAS_MAP)
+    e = _local_expert(ids_ptr, map_ptr, offs, mask, n_ids, HAS_MAP)
     valid = mask & (e >= 0)
     pos = tl.atomic_add(cursor_ptr + e, 1, mask=valid)  # order within a run: arrival order
     tl.store(sorted_ptr + pos, offs, mask=valid)
@@ -97,13 +105,15 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: i
     cursor = torch.empty((num_experts,), dtype=torch.int32, device=dev)
     ids = topk_ids.contiguous()
     emap = expert_map if expert_map is not None else ids
+    n_ids = expert_map.numel() if expert_map is not None else num_experts
     block = 256
     grid = (max(1, triton.cdiv(n_slots, block)),)
     with device_guard(dev):
-        _count_kernel[grid](ids, emap, counts, n_slots, HAS_MAP=expert_map is not None, BLOCK=block)
+        _count_kernel[grid](ids, emap, counts, n_slots, n_ids, HAS_MAP=expert_map is not None, BLOCK=block)
         _offsets_kernel[(1,)](counts, cursor, expert_ids, ntpp, num_experts, n_blocks, BLOCK_SIZE=block_size,
                               BLOCK_E=next_pow2(num_experts), BLOCK_B=max(16, min(64, 4096 // next_pow2(num_experts))))
-        _scatter_kernel[grid](ids, emap, cursor, sorted_ids, n_slots, HAS_MAP=expert_map is not None, BLOCK=block)
+        _scatter_kernel[grid](ids, emap, cursor, sorted_ids, n_slots, n_ids, HAS_MAP=expert_map is not None,
+                              BLOCK=block)
     return sorted_ids, expert_ids, ntpp
 
 
@@ -133,11 +143,11 @@ def _dot(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
 @triton.jit
 def _moe_gemm_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr, w_ptr, sorted_ptr, expert_ids_ptr, ntpp_ptr,
-    N, K, n_slots, grid_m, a_stride, b_stride_e, b_stride_n, c_stride, bias_stride_e, up_offset, gate_step,
+    N, K, n_slots, n_experts, grid_m, a_stride, b_stride_e, b_stride_n, c_stride, bias_stride_e, up_offset, gate_step,
     alpha, limit, beta,
     A_DIV: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
     W_ON_INPUT: tl.constexpr, W_ON_OUTPUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NAIVE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # grouped program order: GROUP_M token blocks sweep N together, so their B tiles stay in L2
     pid = tl.program_id(0)
@@ -147,11 +157,19 @@ def _moe_gemm_kernel(
     group_size = tl.minimum(grid_m - first_m, GROUP_M)
     pid_m = first_m + (pid % per_group) % group_size
     pid_n = (pid % per_group) // group_size
-    if pid_m * BLOCK_M >= tl.load(ntpp_ptr):
-        return
-    slot = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    if NAIVE:
+        # decode without alignment: block pid_m is slot pid_m alone (row 0), its expert read from
+        # the ids (expert_ids_ptr); a slot without a valid expert is left unwritten (the sum skips it)
+        slot = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, n_slots)
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        if (expert < 0) | (expert >= n_experts):
+            return
+    else:
+        if pid_m * BLOCK_M >= tl.load(ntpp_ptr):
+            return
+        slot = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     valid = slot < n_slots
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     # pointer tiles advanced by BLOCK_K per step (recomputing them each step costs registers);
     # out-of-range columns of N read row n % N (valid memory) and are masked at the store
@@ -191,7 +209,7 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
-def _topk_sum_kernel(c_ptr, ids_ptr, map_ptr, out_ptr, H, TOPK: tl.constexpr, HAS_MAP: tl.constexpr,
+def _topk_sum_kernel(c_ptr, ids_ptr, map_ptr, out_ptr, H, n_ids, TOPK: tl.constexpr, HAS_MAP: tl.constexpr,
                      BLOCK_H: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -200,6 +218,7 @@ def _topk_sum_kernel(c_ptr, ids_ptr, map_ptr, out_ptr, H, TOPK: tl.constexpr, HA
     for k in tl.static_range(TOPK):
         slot = t * TOPK + k
         e = tl.load(ids_ptr + slot)
+        e = tl.where((e >= 0) & (e < n_ids), e, -1)
         if HAS_MAP:
             e = tl.where(e >= 0, tl.load(map_ptr + tl.maximum(e, 0)), -1)
         # slots of remote experts were never computed: skip them (their rows are unwritten)
@@ -212,18 +231,18 @@ def _interpreted() -> bool:
 
 
 def _gemm(a, b, c, bias, weights, align, grid_m, cfg: moe_tuning.GemmConfig, block_m: int, a_div: int,
-          n: int, k: int, gated: tuple | None, w_on_input: bool, w_on_output: bool) -> None:
+          n: int, k: int, gated: tuple | None, w_on_input: bool, w_on_output: bool, naive: bool) -> None:
     sorted_ids, expert_ids, ntpp = align
     act, up_offset, gate_step, alpha, limit, beta = gated or (SILU, 0, 1, 1.0, math.inf, 0.0)
     dtype = a.dtype
     grid = (grid_m * triton.cdiv(n, cfg.block_n),)
     _moe_gemm_kernel[grid](
         a, b, c, bias if bias is not None else b, weights, sorted_ids, expert_ids, ntpp,
-        n, k, weights.numel(), grid_m, a.stride(0), b.stride(0), b.stride(1), c.stride(0),
+        n, k, weights.numel(), b.shape[0], grid_m, a.stride(0), b.stride(0), b.stride(1), c.stride(0),
         bias.stride(0) if bias is not None else 0, up_offset, gate_step, alpha, limit, beta,
         A_DIV=a_div, GATED=gated is not None, ACT=act.value, HAS_BIAS=bias is not None, W_ON_INPUT=w_on_input,
         W_ON_OUTPUT=w_on_output, UPCAST=_interpreted() and dtype == torch.bfloat16,
-        PRECISION="ieee" if dtype == torch.float32 else None,
+        PRECISION="ieee" if dtype == torch.float32 else None, NAIVE=naive,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -255,18 +274,25 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     weights = topk_weights.contiguous()
     ids = topk_ids.contiguous()
     slots = tokens * top_k
+    # sparse decode (every slot likely its own expert, no expert map): no alignment, one block
+    # per slot (vLLM's shortcut, same condition)
+    naive = expert_map is None and slots * 4 <= n_local
     with device_guard(x.device):
-        align = moe_align_block_size(ids, cfg.block_m, n_local, expert_map)
-        grid_m = min(align[1].numel(), slots)  # a used block holds at least one slot
+        if naive:
+            align, grid_m = (ids, ids, ids), slots
+        else:
+            align = moe_align_block_size(ids, cfg.block_m, n_local, expert_map)
+            grid_m = min(align[1].numel(), slots)  # a used block holds at least one slot
         act_rows = torch.empty((slots, inter), dtype=x.dtype, device=x.device)
         _gemm(x, w13, act_rows, w13_bias, weights, align, grid_m, cfg.gemm1, cfg.block_m, top_k, inter, hidden,
-              (act, up_offset, gate_step, alpha, limit, beta), apply_router_weight_on_input, False)
+              (act, up_offset, gate_step, alpha, limit, beta), apply_router_weight_on_input, False, naive)
         down_rows = torch.empty((slots, hidden), dtype=x.dtype, device=x.device)
         _gemm(act_rows, w2, down_rows, w2_bias, weights, align, grid_m, cfg.gemm2, cfg.block_m, 1, hidden, inter,
-              None, False, not apply_router_weight_on_input)
+              None, False, not apply_router_weight_on_input, naive)
         block_h = min(1024, next_pow2(hidden))
         _topk_sum_kernel[(tokens, triton.cdiv(hidden, block_h))](
-            down_rows, ids, expert_map if expert_map is not None else ids, out, hidden, TOPK=top_k,
+            down_rows, ids, expert_map if expert_map is not None else ids, out, hidden,
+            expert_map.numel() if expert_map is not None else n_local, TOPK=top_k,
             HAS_MAP=expert_map is not None, BLOCK_H=block_h)
     return out
 

@@ -23,16 +23,17 @@ from tests.backends.triton.aot_check import compile_one  # noqa: E402
 
 _GEMM_SIG = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "bias_ptr": "*bf16", "w_ptr": "*fp32",
              "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32", "N": "i32", "K": "i32",
-             "n_slots": "i32", "grid_m": "i32", "a_stride": "i32", "b_stride_e": "i64", "b_stride_n": "i32",
+             "n_slots": "i32", "n_experts": "i32", "grid_m": "i32", "a_stride": "i32", "b_stride_e": "i64", "b_stride_n": "i32",
              "c_stride": "i32", "bias_stride_e": "i32", "up_offset": "i32", "gate_step": "i32", "alpha": "fp32",
              "limit": "fp32", "beta": "fp32"}
 _ALIGNED = ("a_ptr", "b_ptr", "c_ptr", "K", "a_stride", "b_stride_n", "c_stride")
 
 
-def _gemm(gated, act=0, bias=False, w_in=False, w_out=True, bm=64, bn=64, bk=64, dtype="bf16", precision=None):
+def _gemm(gated, act=0, bias=False, w_in=False, w_out=True, bm=64, bn=64, bk=64, dtype="bf16", precision=None,
+          naive=False):
     sig = {k: (f"*{dtype}" if v == "*bf16" else v) for k, v in _GEMM_SIG.items()}
     const = {"A_DIV": 2 if gated else 1, "GATED": gated, "ACT": act, "HAS_BIAS": bias, "W_ON_INPUT": w_in,
-             "W_ON_OUTPUT": w_out, "UPCAST": False, "PRECISION": precision, "BLOCK_M": bm, "BLOCK_N": bn,
+             "W_ON_OUTPUT": w_out, "UPCAST": False, "PRECISION": precision, "NAIVE": naive, "BLOCK_M": bm, "BLOCK_N": bn,
              "BLOCK_K": bk, "GROUP_M": 8}
     return sig, const
 
@@ -44,20 +45,23 @@ def cases():
     yield ("gemm1 silu bias on-input 16x64x64", k, *_gemm(True, 0, bias=True, w_in=True, w_out=False, bm=16), 4, _ALIGNED)
     yield ("gemm1 silu 128x64x64", k, *_gemm(True, 0, w_out=False, bm=128, bn=64), 8, _ALIGNED)
     yield ("gemm2 64x128x64", k, *_gemm(False, bn=128), 4, _ALIGNED)
+    yield ("gemm1 silu decode 16x64x64", k, *_gemm(True, 0, w_out=False, bm=16, naive=True), 4, _ALIGNED)
+    yield ("gemm2 decode 16x64x64", k, *_gemm(False, bm=16, naive=True), 4, _ALIGNED)
     yield ("gemm2 bias 16x64x64", k, *_gemm(False, bias=True, bm=16), 4, _ALIGNED)
     yield ("gemm2 fp16 128x128x64", k, *_gemm(False, bm=128, bn=128, dtype="fp16"), 8, _ALIGNED)
     yield ("gemm1 fp32 ieee 32x64x32", k, *_gemm(True, 0, w_out=False, bm=32, bk=32, dtype="fp32", precision="ieee"),
            4, _ALIGNED)
     ids = {"ids_ptr": "*i32", "map_ptr": "*i32"}
-    yield ("align count", moe._count_kernel, {**ids, "counts_ptr": "*i32", "n_slots": "i32"},
+    yield ("align count", moe._count_kernel, {**ids, "counts_ptr": "*i32", "n_slots": "i32", "n_ids": "i32"},
            {"HAS_MAP": True, "BLOCK": 256}, 4, ())
     yield ("align offsets E128", moe._offsets_kernel,
            {"counts_ptr": "*i32", "cursor_ptr": "*i32", "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32",
             "n_experts": "i32", "n_blocks": "i32"}, {"BLOCK_SIZE": 16, "BLOCK_E": 128, "BLOCK_B": 32}, 4, ())
-    yield ("align scatter", moe._scatter_kernel, {**ids, "cursor_ptr": "*i32", "sorted_ptr": "*i32", "n_slots": "i32"},
+    yield ("align scatter", moe._scatter_kernel, {**ids, "cursor_ptr": "*i32", "sorted_ptr": "*i32", "n_slots": "i32",
+                                            "n_ids": "i32"},
            {"HAS_MAP": False, "BLOCK": 256}, 4, ())
     yield ("topk sum k8", moe._topk_sum_kernel, {"c_ptr": "*bf16", "ids_ptr": "*i32", "map_ptr": "*i32",
-                                                  "out_ptr": "*bf16", "H": "i32"},
+                                                  "out_ptr": "*bf16", "H": "i32", "n_ids": "i32"},
            {"TOPK": 8, "HAS_MAP": True, "BLOCK_H": 1024}, 4, ("c_ptr", "out_ptr", "H"))
     routing = {"logits_ptr": "*bf16", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32",
                "n_tokens": "i32", "n_experts": "i32", "logits_stride": "i32", "scale": "fp32"}

@@ -146,6 +146,25 @@ def test_routing_given_with_minus_one_ids(poison_empty):
     ref.assert_layer("minus one", out, ref.experts(layer, x, w, ids), torch.float32)
 
 
+@pytest.mark.parametrize("tokens", [1, 3, 20], ids=lambda t: f"T{t}")
+def test_decode_shortcut_and_ids_out_of_range(tokens, poison_empty):
+    """E 64, top_k 2: up to 8 tokens the GEMMs skip the alignment (one block per slot). On both
+    routes ids -1 and ids outside [0, E) (unchecked on devices) add nothing and read nothing."""
+    from customop.samples.moe import LayerCase
+
+    case = LayerCase("E64 k2", 64, 2, 40, 24)
+    g = gen("decode", tokens)
+    layer = build_layer(case, torch.bfloat16, g)
+    x = torch.randn(tokens, case.hidden, generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, 64, (tokens, 2), generator=g, dtype=torch.int32)
+    ids[0, 1] = -1
+    ids[-1, 0] = 64 + 7  # out of range
+    w = torch.rand(tokens, 2, generator=g)
+    out = LAUNCHERS["fused_experts"](x, layer.w13_weight, layer.w2_weight, w, ids, *layer.experts_args())
+    kept = torch.where(ids < 64, ids, -1)
+    ref.assert_layer(f"T{tokens}", out, ref.experts(layer, x, w, kept), torch.bfloat16)
+
+
 # ---- through torch.ops.customop.* ---------------------------------------------------------------
 
 
