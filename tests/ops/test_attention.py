@@ -22,7 +22,10 @@ from customop.samples.attention import BY_LABEL, CASES, DTYPES, SIZES, Packing
 from customop.testing import assert_close, assert_conforms, assert_same_error, forced_platform, randn
 from tests.cases.attention import reference
 
-PARAMS = [pytest.param(c, p, id=f"{c.label}-{p.label}") for c in CASES for p in SIZES["small"]]
+#: the 64-segment packing on the first case only: 64 SDPA calls per path are 64 OpenMP regions, each
+#: stalled by a scheduler tick on a loaded 2-core machine (~2 s a test); the others take the rest
+PARAMS = [pytest.param(c, p, id=f"{c.label}-{p.label}") for c in CASES for p in SIZES["small"]
+          if c is CASES[0] or len(p.lengths or ()) < 64]
 
 
 def make(case, packing, dtype, seed=1):
@@ -277,12 +280,14 @@ def test_conforms():
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "oot_mm_encoder_attn.py")
 
-#: the example's replacement with the scale dropped: assert_conforms must refuse it
-_BROKEN = textwrap.dedent("""
+#: runs the example's main, then shows assert_conforms refuses the example's replacement with the
+#: scale dropped (one subprocess: the example registers its replacement for the whole process)
+_SCRIPT = textwrap.dedent("""
     import runpy, sys
     from customop import CustomOp
     from customop.testing import assert_conforms
     example = runpy.run_path(sys.argv[1])
+    assert example["main"]() == 0
     Padded = example["PaddedMMEncoderAttention"]
 
     @CustomOp.register_oot("MMEncoderAttention", override=True)
@@ -301,19 +306,10 @@ _BROKEN = textwrap.dedent("""
 """)
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    # a subprocess: the example registers its replacement for the whole process
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-
-
-def test_out_of_tree_example_conforms():
-    result = _run(EXAMPLE)
+def test_out_of_tree_example_conforms_and_the_check_refuses_a_wrong_replacement():
+    result = subprocess.run([sys.executable, "-c", _SCRIPT, EXAMPLE], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "built PaddedMMEncoderAttention, running forward_oot" in result.stdout
     assert "conforms to mm_encoder_attn on every sample and dtype" in result.stdout
-
-
-def test_conformance_check_refuses_a_wrong_replacement():
-    result = _run("-c", _BROKEN, EXAMPLE)
-    assert result.returncode == 0, result.stdout + result.stderr
     assert "REFUSED" in result.stdout and int(result.stdout.split("REFUSED")[1]) > 10
