@@ -14,7 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,3 +66,37 @@ def run_ranks(module: str, world_size: int = 2, timeout: float = 120.0, extra_ar
             why = f"timed out after {timeout:.0f}s" if timed_out else "a rank failed"
             raise RuntimeError(f"{module}: {why}\n{detail}")
         return [json.loads(o.read_text()) for o in outs]
+
+
+def run_worker(checks: Callable[[Any], dict[str, Callable[[], None]]]) -> int:
+    """The rank side of ``run_ranks``: joins the gloo group from the launcher's arguments, runs
+    every check that ``checks(tp_group)`` returns (every rank runs all of them: the same
+    collectives in the same order), and writes the ``{check: traceback or None}`` report. A
+    failing check is reported to the parent test, which fails that case with the traceback."""
+    import argparse
+    import datetime
+    import traceback
+
+    import torch.distributed as dist
+
+    from customop.distributed import init_tp_group
+
+    parser = argparse.ArgumentParser()
+    for arg in ("--rank", "--world-size", "--port"):
+        parser.add_argument(arg, type=int)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
+                            world_size=args.world_size, timeout=datetime.timedelta(seconds=60))
+    results: dict[str, str | None] = {}
+    for name, fn in checks(init_tp_group()).items():
+        try:
+            fn()
+            results[name] = None
+        except Exception:
+            results[name] = traceback.format_exc()
+    with open(args.out, "w") as f:
+        json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if all(err is None for err in results.values()) else 1

@@ -9,20 +9,17 @@ both, and compares; every rank issues the same collectives before any assertion.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
+import functools
 import sys
-import traceback
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
-from customop.distributed import TPGroup, init_tp_group, use_tp_group
+from customop.distributed import TPGroup, use_tp_group
 from customop.ops.moe import FusedMoE
 from customop.samples.moe import correction_bias, moe_tolerance, routing_logits
 from customop.testing import assert_close
+from tests.distributed._launch import run_worker
 
 CHECKS: dict[str, Callable[[TPGroup], None]] = {}
 E, K, H, I = 8, 2, 48, 64
@@ -116,26 +113,7 @@ def check_reduce_results_off(tp: TPGroup) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    for arg in ("--rank", "--world-size", "--port"):
-        parser.add_argument(arg, type=int)
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
-                            world_size=args.world_size, timeout=datetime.timedelta(seconds=60))
-    tp = init_tp_group()
-    results: dict[str, str | None] = {}
-    for name, fn in CHECKS.items():
-        try:
-            fn(tp)
-            results[name] = None
-        except Exception:  # reported to the parent test, which fails that case with this text
-            results[name] = traceback.format_exc()
-    with open(args.out, "w") as f:
-        json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0 if all(err is None for err in results.values()) else 1
+    return run_worker(lambda tp: {name: functools.partial(fn, tp) for name, fn in CHECKS.items()})
 
 
 if __name__ == "__main__":

@@ -11,11 +11,7 @@ This module is also the worker: ``python -m tests.ops.test_mamba_tp --rank R ...
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import sys
-import traceback
 
 import pytest
 import torch
@@ -143,30 +139,10 @@ def _checks(tp):
 
 
 def main() -> int:
-    import torch.distributed as dist
+    from tests.distributed._launch import run_worker
 
-    from customop.distributed import init_tp_group
-
-    parser = argparse.ArgumentParser()
-    for arg in ("--rank", "--world-size", "--port"):
-        parser.add_argument(arg, type=int)
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
-                            world_size=args.world_size, timeout=datetime.timedelta(seconds=60))
-    tp = init_tp_group()
-    results = {}
-    for name, fn in _checks(tp).items():
-        try:  # every rank runs every check (the same collectives), failures reported afterwards
-            fn()
-            results[name] = None
-        except Exception:
-            results[name] = traceback.format_exc()
-    with open(args.out, "w") as f:
-        json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    run_worker(_checks)
+    return 0  # every rank reports; the parent test fails the checks that did
 
 
 if __name__ == "__main__":
