@@ -16,15 +16,12 @@ path does ``T^2`` work where the others do ``sum(L_i^2)``: skipped with ``--no-m
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
-import time
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.cpu.layernorm import time_us
+from benchmarks.cpu.timing import add_timing_args, start_run
 from customop.config import Config, use_config
 from customop.ops.attention import MMEncoderAttention
 
@@ -61,17 +58,9 @@ def main() -> None:
     parser.add_argument("--packings", default=",".join(PACKINGS))
     parser.add_argument("--mask-max-tokens", type=int, default=4096)
     parser.add_argument("--no-mask", action="store_true")
-    parser.add_argument("--min-time", type=float, default=0.4)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    add_timing_args(parser)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    clock = time.thread_time_ns if args.clock == "cpu" else time.perf_counter_ns
-    print(f"date {datetime.date.today()}, torch {torch.__version__}, {platform.machine()}, "
-          f"{os.cpu_count()} cores, {torch.get_num_threads()} threads, {args.clock} clock, "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print()
+    clock = start_run(args)
     print("| dtype | heads | packing | loop = forward_native (ms) | masked packed SDPA (ms) | forward_cpu (ms) | "
           "masked x | forward_cpu x |")
     print("|---|---|---|---:|---:|---:|---:|---:|")

@@ -14,14 +14,11 @@ why); every path is first checked against the convolution.
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
-import time
 
 import torch
 
 from benchmarks.cpu.layernorm import time_us
+from benchmarks.cpu.timing import add_timing_args, start_run
 from customop.config import Config, use_config
 from customop.ops.conv import Conv2dLayer, Conv3dLayer, conv, patch_linear
 
@@ -42,17 +39,9 @@ CASES = (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--min-time", type=float, default=0.4)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    add_timing_args(parser)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    clock = time.thread_time_ns if args.clock == "cpu" else time.perf_counter_ns
-    print(f"date {datetime.date.today()}, torch {torch.__version__}, {platform.machine()}, "
-          f"{os.cpu_count()} cores, {torch.get_num_threads()} threads, {args.clock} clock, "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print()
+    clock = start_run(args)
     print("| dtype | shape | out | oneDNN conv (ms) | linear form (ms) | forward_cpu (ms) | linear x | forward_cpu x |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     with torch.no_grad():

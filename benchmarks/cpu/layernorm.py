@@ -23,15 +23,14 @@ a graph of their own, as Dynamo specialises size 1).
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import random
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
+
+from benchmarks.cpu.timing import add_timing_args, start_run
 
 from customop.config import Config, use_config
 from customop.ops import layernorm as L
@@ -96,20 +95,11 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES),
                         help="rms_norm / fused_add_rms_norm shapes, e.g. 1x4096,16x4096")
     parser.add_argument("--extra", action="store_true", help="also gemma_rms_norm and rms_norm_gated")
-    parser.add_argument("--min-time", type=float, default=0.4, help="seconds per measurement")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all cores)")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="cpu: this thread's CPU time (only meaningful with --threads 1)")
+    add_timing_args(parser)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    clock = time.thread_time_ns if args.clock == "cpu" else time.perf_counter_ns
+    clock = start_run(args)
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
 
-    print(f"date {datetime.date.today()}, torch {torch.__version__}, {platform.machine()}, "
-          f"{os.cpu_count()} cores, {torch.get_num_threads()} threads, {args.clock} clock, "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print()
     print("| op | dtype | shape | eager math fn (us) | op.forward_native (us) | torch.compile (us) | "
           "forward_cpu (us) | compile x | forward_cpu x | forward_cpu x forward_native |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
