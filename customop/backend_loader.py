@@ -25,6 +25,8 @@ class BackendSpec:
     #: (module, torch version prefix): when ``module`` is installed it works only with that torch
     #: (IPEX and torch_xla each pin one torch release); ``status`` warns on a mismatch.
     torch_pin: tuple[str, str] | None = None
+    #: how to get the missing modules, when not by this backend's extra
+    install_hint: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -32,6 +34,9 @@ class BackendSpec:
 
     def missing(self) -> list[str]:
         return [m for m in self.requires if importlib.util.find_spec(m) is None]
+
+    def how_to_install(self) -> str:
+        return self.install_hint or f"pip install customop[{self.extra}]"
 
     def torch_mismatch(self) -> str | None:
         """Why the installed torch does not fit this backend's pinned dependency, or None."""
@@ -46,7 +51,7 @@ class BackendSpec:
     def status(self) -> tuple[bool, str]:
         """(importable, why) without importing anything optional."""
         if missing := self.missing():
-            return False, f"missing {', '.join(missing)} (pip install customop[{self.extra}])"
+            return False, f"missing {', '.join(missing)} ({self.how_to_install()})"
         why = "dependencies present: " + (", ".join(self.requires) or "torch only")
         if mismatch := self.torch_mismatch():
             why += f"; warning: {mismatch}"
@@ -58,7 +63,8 @@ BACKENDS: dict[str, BackendSpec] = {
     for spec in (
         BackendSpec("triton", ("triton",), "cuda", "device-neutral Triton kernels (CUDA, ROCm, XPU)"),
         BackendSpec("cuda", ("triton",), "cuda", "NVIDIA GPUs: Triton kernels and CUDA specifics"),
-        BackendSpec("rocm", ("triton",), "rocm", "AMD GPUs: Triton kernels, fnuz fp8, wave-64 tuning"),
+        BackendSpec("rocm", ("triton",), "rocm", "AMD GPUs: Triton kernels, fnuz fp8, wave-64 tuning",
+                    install_hint="ROCm's torch wheels bring Triton (pytorch-triton-rocm): install torch for ROCm"),
         BackendSpec("xpu", (), "xpu", "Intel GPUs: IPEX when present, else Triton on XPU tensors",
                     torch_pin=("intel_extension_for_pytorch", "2.8")),
         # torchax is needed by call_jax and imports flax; torch_xla declares neither
@@ -104,7 +110,5 @@ def load_backend(name: str) -> ModuleType:
         return module
     except ModuleNotFoundError as err:
         if err.name and err.name.split(".")[0] in spec.requires:
-            raise ImportError(
-                f"customop backend {name!r} needs {err.name!r}: pip install customop[{spec.extra}]"
-            ) from err
+            raise ImportError(f"customop backend {name!r} needs {err.name!r}: {spec.how_to_install()}") from err
         raise

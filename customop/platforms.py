@@ -65,7 +65,7 @@ class Platform:
             return None
         spec = BACKENDS[cls.backend]
         if missing := spec.missing():
-            return f"missing {missing}: pip install customop[{spec.extra}]"
+            return f"missing {missing}: {spec.how_to_install()}"
         return None
 
     def is_cuda(self) -> bool:
