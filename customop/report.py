@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from customop.config import Config, get_config
+from customop.config import Config, get_config, use_config
 from customop.custom_op import CustomOp
 from customop.platforms import Platform, current_platform
 
@@ -33,7 +33,8 @@ def dispatch_report(config: Config | None = None, platform: Platform | None = No
         in_tree = CustomOp.op_registry[name]
         replacement = CustomOp.op_registry_oot.get(name)
         cls = replacement or in_tree
-        enabled = config.is_enabled(name)
+        with use_config(config):  # what construction would decide: an op may override enabled()
+            enabled = cls.enabled()
         method = platform.forward_method if enabled else "forward_native"
         rows.append(
             DispatchRow(

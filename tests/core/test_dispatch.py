@@ -189,3 +189,14 @@ def test_hooks_fire_through_module_call(op_all):
 def test_every_method_exists_on_the_base():
     for method in METHODS:
         assert callable(getattr(CustomOp, method))
+
+
+def test_dispatch_report_follows_an_op_s_own_enabled_rule():
+    """MMEncoderAttention is on even under "none" (as in vLLM); the report says what construction
+    would decide, not what the config alone says."""
+    from customop.report import dispatch_report
+
+    rows = {r.op: r for r in dispatch_report(Config(custom_ops=["none"]), UnspecifiedPlatform())}
+    assert rows["mm_encoder_attn"].enabled and not rows["rms_norm"].enabled
+    rows = {r.op: r for r in dispatch_report(Config(custom_ops=["none", "-mm_encoder_attn"]), UnspecifiedPlatform())}
+    assert not rows["mm_encoder_attn"].enabled
