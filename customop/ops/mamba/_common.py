@@ -122,6 +122,16 @@ def check_cache(op: str, name: str, cache: torch.Tensor, tail: tuple[int, ...], 
         raise ValueError(f"customop.{op}: {name} is on {cache.device} but hidden_states is on {device}")
 
 
+def check_state_caches(op: str, conv_state: torch.Tensor, ssm_state: torch.Tensor,
+                       shapes: tuple[tuple[int, ...], tuple[int, ...]], device: torch.device) -> None:
+    """A mixer's two caches: each of its per-slot shape (``get_state_shape()``), same slot count."""
+    conv_shape, ssm_shape = shapes
+    check_cache(op, "conv_state", conv_state, conv_shape, device, min_width=conv_shape[0])
+    check_cache(op, "ssm_state", ssm_state, ssm_shape, device)
+    if conv_state.shape[0] != ssm_state.shape[0]:
+        raise ValueError(f"customop.{op}: conv_state has {conv_state.shape[0]} slots, ssm_state {ssm_state.shape[0]}")
+
+
 def check_activation(op: str, activation: str) -> None:
     if activation not in ("silu", "swish"):
         raise ValueError(f"customop.{op}: activation={activation!r}: the conv supports 'silu' (or 'swish') only")

@@ -11,7 +11,7 @@ from customop.math.mamba import NULL_BLOCK_ID, MambaMetadata
 from customop.ops.layernorm import RMSNorm
 from customop.ops.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
 from customop.ops.mamba._common import (
-    CPU, MIXER_CPU_TIERS, NATIVE, Steps, _kernel_steps, check_activation, check_cache, check_hidden,
+    CPU, MIXER_CPU_TIERS, NATIVE, Steps, _kernel_steps, check_activation, check_hidden, check_state_caches,
     check_metadata, conv_step, padded_output, project, sub_op,
 )
 
@@ -99,12 +99,7 @@ class MambaMixer(CustomOp):
                metadata: MambaMetadata) -> None:
         check_hidden(self.name, h, self.hidden_size)
         check_metadata(self.name, metadata, h.shape[0], h.device)
-        conv_shape, ssm_shape = self.get_state_shape()
-        check_cache(self.name, "conv_state", conv_state, conv_shape, h.device, min_width=conv_shape[0])
-        check_cache(self.name, "ssm_state", ssm_state, ssm_shape, h.device)
-        if conv_state.shape[0] != ssm_state.shape[0]:
-            raise ValueError(f"customop.{self.name}: conv_state has {conv_state.shape[0]} slots, ssm_state "
-                             f"{ssm_state.shape[0]}")
+        check_state_caches(self.name, conv_state, ssm_state, self.get_state_shape(), h.device)
 
     def _forward(self, h: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, meta: MambaMetadata,
                  steps: Steps, path: str) -> torch.Tensor:

@@ -14,7 +14,7 @@ from customop.distributed import get_tp_group
 from customop.math.mamba import NULL_BLOCK_ID, MambaMetadata, mixer2_gated_rms_norm, ssd_head_form
 from customop.ops.linear import MergedColumnParallelLinear, RowParallelLinear
 from customop.ops.mamba._common import (
-    CPU, MIXER_CPU_TIERS, NATIVE, Steps, _kernel_steps, check_activation, check_cache, check_hidden,
+    CPU, MIXER_CPU_TIERS, NATIVE, Steps, _kernel_steps, check_activation, check_hidden, check_state_caches,
     check_metadata, conv_step, padded_output, project, sub_op,
 )
 from customop.ops.mamba.mixer import negative_exp, sharded_loader, ssm_parameter
@@ -215,12 +215,7 @@ class MambaMixer2(CustomOp):
     def _check(self, h, conv_state, ssm_state, metadata, mup_vector) -> None:
         check_hidden(self.name, h, self.hidden_size)
         check_metadata(self.name, metadata, h.shape[0], h.device, chunked=True)
-        conv_shape, ssm_shape = self.get_state_shape()
-        check_cache(self.name, "conv_state", conv_state, conv_shape, h.device, min_width=conv_shape[0])
-        check_cache(self.name, "ssm_state", ssm_state, ssm_shape, h.device)
-        if conv_state.shape[0] != ssm_state.shape[0]:
-            raise ValueError(f"customop.{self.name}: conv_state has {conv_state.shape[0]} slots, ssm_state "
-                             f"{ssm_state.shape[0]}")
+        check_state_caches(self.name, conv_state, ssm_state, self.get_state_shape(), h.device)
         width = self.in_proj.output_size_per_partition
         if mup_vector is not None and (mup_vector.shape[-1] != width or mup_vector.device != h.device):
             raise ValueError(f"customop.{self.name}: mup_vector has shape {tuple(mup_vector.shape)} on "
