@@ -118,6 +118,10 @@ class RMSNorm(CustomOp):
 
     def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
+        return self._spec(x, residual)
+
+    def _spec(self, x: torch.Tensor, residual: torch.Tensor | None):
+        """The math on inputs already checked (forward_kernel's cases without a kernel come here)."""
         if residual is None:
             return rms_norm(x, self.weight, self.eps, self.variance_size_override)
         return fused_add_rms_norm(x, residual, self.weight, self.eps, self.variance_size_override)
@@ -138,12 +142,12 @@ class RMSNorm(CustomOp):
     def forward_kernel(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """The ``torch.ops.customop`` call every accelerator shares; cases without a kernel
         (a variance subset; the fused add with a weight dtype other than x's, or while autograd
-        records: torch attaches no backward to an in-place op) run ``forward_native``."""
+        records: torch attaches no backward to an in-place op) run the spec."""
         _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
         mixed_weight = self.weight is not None and self.weight.dtype != x.dtype
         if self.variance_size_override is not None or (
                 residual is not None and (mixed_weight or _autograd_records(x, residual))):
-            return self.forward_native(x, residual)
+            return self._spec(x, residual)
         if residual is None:
             return torch.ops.customop.rms_norm(_last_dim_contiguous(x), self.weight, self.eps)
         x, residual = _last_dim_contiguous(x), _last_dim_contiguous(residual)
@@ -172,6 +176,10 @@ class GemmaRMSNorm(CustomOp):
 
     def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
+        return self._spec(x, residual)
+
+    def _spec(self, x: torch.Tensor, residual: torch.Tensor | None):
+        """The math on inputs already checked."""
         if residual is None:
             return gemma_rms_norm(x, self.weight, self.eps)
         return gemma_fused_add_rms_norm(x, residual, self.weight, self.eps)
@@ -190,10 +198,10 @@ class GemmaRMSNorm(CustomOp):
 
     def forward_kernel(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """The ``torch.ops.customop`` call every accelerator shares (the fused add runs
-        ``forward_native`` while autograd records: torch attaches no backward to an in-place op)."""
+        spec while autograd records: torch attaches no backward to an in-place op)."""
         _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
         if residual is not None and _autograd_records(x, residual):
-            return self.forward_native(x, residual)
+            return self._spec(x, residual)
         if residual is None:
             return torch.ops.customop.gemma_rms_norm(_last_dim_contiguous(x), self.weight, self.eps)
         x, residual = _last_dim_contiguous(x), _last_dim_contiguous(residual)

@@ -115,12 +115,12 @@ class RotaryEmbedding(CustomOp):
     def forward_kernel(self, positions: Tensor, query: Tensor,
                        key: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Rotates ``query`` and ``key`` IN PLACE with ``torch.ops.customop.rotary_embedding`` and
-        returns them; while autograd records for them, ``forward_native`` (NEW tensors) runs
-        instead: torch attaches no backward to an in-place op."""
+        returns them; while autograd records for them, the spec (NEW tensors) runs instead: torch attaches no backward to an in-place op."""
         cache = self._cache_for(query)
         common.check_rotary_inputs("rotary_embedding", positions, query, key, self.head_size, cache)
         if torch.is_grad_enabled() and (query.requires_grad or (key is not None and key.requires_grad)):
-            return self.forward_native(positions, query, key)
+            # the spec, on inputs already checked (the check reads the positions on CPU tensors)
+            return common.rotary_embedding(positions, query, key, self.head_size, cache, self.is_neox_style)
         torch.ops.customop.rotary_embedding(positions, query, key, self.head_size, cache, self.is_neox_style)
         return query, key
 
