@@ -1,6 +1,6 @@
 """Benchmark specs of the MoE experts, routing given (the top-k ids and fp32 weights are inputs):
 both GEMMs, the activation and the top-k sum, bf16, for Mixtral-8x7B (E8 k2 H4096 I14336) and
-Qwen3-30B-A3B (E128 k8 H2048 I768) at T in {1, 16, 256, 4096}.
+Qwen3-30B-A3B (E128 k8 H2048 I768) at T in {1, 16, 256, 4096, 16384}.
 
 Implementations: ``customop`` (``torch.ops.customop.fused_experts``: the Triton route, or
 ``torch._grouped_mm`` where ``moe_tuning``'s table says so), ``eager`` (the loop over experts
@@ -32,7 +32,7 @@ from customop.ops.moe import cpu as moe_cpu
 
 #: label -> (E, top_k, H, I)
 MODELS = {"mixtral-8x7b": (8, 2, 4096, 14336), "qwen3-30b-a3b": (128, 8, 2048, 768)}
-TOKENS = (1, 16, 256, 4096)
+TOKENS = (1, 16, 256, 4096, 16384)
 
 
 def _shapes(model: str) -> tuple[Shape, ...]:
