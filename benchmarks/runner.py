@@ -86,7 +86,7 @@ def same_size_copy_us(nbytes: int, mode: str, sets: int) -> float:
     """A device-to-device copy (torch's) moving ``nbytes`` (half read, half written), over as
     many buffer pairs and timed as the op's row is: what that traffic costs at this size, launch,
     ramp-up and tail included (a reference, not a bound)."""
-    pairs = [(torch.empty(max(nbytes // 8, 1), dtype=torch.int32, device="cuda").random_(),
+    pairs = [(torch.empty(max(nbytes // 8, 1), dtype=torch.int32, device="cuda").fill_(1),
               torch.empty(max(nbytes // 8, 1), dtype=torch.int32, device="cuda")) for _ in range(sets)]
     fns = [lambda src=src, dst=dst: dst.copy_(src) for src, dst in pairs]
     us = _time(fns, mode, {})
@@ -195,13 +195,32 @@ def _time(fns: list, mode: str, entry: dict) -> float:
         t = time.perf_counter()
         fns[0]()
         return (time.perf_counter() - t) * 1e6
-    if mode == "graph":
+    if mode == "graph" and _waits_for_device(fns[0]):
+        entry["note"] = f"waits for the device, not capturable; {'do_bench' if _TIMER == 'do_bench' else 'queued'}"
+    elif mode == "graph":
         try:
             return time_graph(fns)
         except Exception as exc:  # e.g. an implementation that syncs: time it eagerly, say so
             entry["note"] = f"graph capture failed ({type(exc).__name__}); {'do_bench' if _TIMER == 'do_bench' else 'queued'}"
             torch.cuda.synchronize()
     return time_large(fns[0], entry)
+
+
+def _waits_for_device(fn) -> bool:
+    """Whether an eager call blocks the host on the device (``.item()``, ``nonzero``, ...), which a
+    CUDA graph cannot capture. Asked before capturing, because a capture that fails mid-way leaves
+    torch's default CUDA generator in capture state, and every later random draw in the process
+    then raises ("Offset increment outside graph capture")."""
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+    except RuntimeError:
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    return False
 
 
 def _sweep(spec: OpSpec, inputs: dict, mode: str, sets: int, sweep: list[tuple[str, dict]]) -> list[dict]:

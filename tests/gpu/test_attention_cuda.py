@@ -18,6 +18,10 @@ pytestmark = pytest.mark.cuda
 #: fp16 and fp32 (covered by the interpreter tier too) on fewer packings: the 16-segment one and
 #: the uneven mix
 FEWER = (SIZES["real"][1], SIZES["real"][5])
+#: fp32 outputs sum up to 4096 keys' terms in fp32, in 32-key tiles rescaled by exp2: measured on
+#: the H200 (2026-12-01) up to 1.5e-5 from the float64 reference on unit-variance inputs, one
+#: element in ~10^5 beyond the 1e-5 that elementwise ops are held to. The 16-bit tolerances hold.
+FP32_ATOL = 5e-5
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +87,7 @@ def test_real_sizes(attn, case, dtype, poison_empty):
         torch.cuda.synchronize()
         assert got.dtype == dtype and got.shape == q.shape
         assert_close_on_device(got.reshape(-1, q.shape[-1]), expected.reshape(-1, q.shape[-1]).to(dtype),
-                               f"{case.label} {packing.label}")
+                               f"{case.label} {packing.label}", atol=FP32_ATOL if dtype == torch.float32 else None)
         del q, k, v, got, expected
 
 
