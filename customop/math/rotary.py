@@ -38,8 +38,9 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool) -> Tensor:
 def rotate_heads(x: Tensor, cos: Tensor, sin: Tensor, head_size: int, is_neox_style: bool) -> Tensor:
     """``x`` views as ``[T, heads, head_size]`` with ``cos``/``sin`` ``[T, rotary_dim/2]``; the
     first ``rotary_dim`` lanes of every head rotate. Returns a new tensor of ``x``'s shape."""
-    shape = x.shape
-    x = x.reshape(cos.shape[0], -1, head_size)
+    shape, tokens = x.shape, cos.shape[0]
+    # ``-1`` cannot be inferred from an empty batch, so the head count is spelled out
+    x = x.reshape(tokens, x.numel() // (tokens * head_size) if tokens else 0, head_size)
     rotary_dim = 2 * cos.shape[-1]
     x_rot = rotate(x[..., :rotary_dim], cos.unsqueeze(-2), sin.unsqueeze(-2), is_neox_style)
     return torch.cat((x_rot, x[..., rotary_dim:]), dim=-1).reshape(shape)

@@ -6,9 +6,13 @@
   key or not) is one compiled specialization of the CPU path, and torch.compile's default
   recompile limit is 8). ``"small"``: the paths emulated on a CPU: one token, odd token and head
   counts, partial rotary, a rotary dim whose half is not a power of two (masked pairs), more
-  query heads than one kernel tile holds (the looped path), ``key=None``. ``"real"``: the GPU
+  query heads than one kernel tile holds (the looped path), ``key=None``. ``"tpu"``: the TPU
+  tier (Pallas in interpret mode, the XLA CPU device): heads of 128 lanes; one token, and odd
+  tokens with partial rotary and ``key=None``. ``"real"``: the GPU
   tier, up to 32768 tokens of Llama-3-8B's 32 + 8 heads of 128.
 - ``STYLES``: NeoX and GPT-J pairing; every row not fixing its style runs both.
+- ``ROPE_TYPES``: get_rope's rope types (vLLM 0.33's table) that run RotaryEmbedding's paths,
+  each a ``rope_parameters`` dict with its head size and context.
 - ``APPLY``: ApplyRotaryEmb's rows (input shape, rotary dim, style); each runs with and without
   ``enable_fp32_compute``. ``DUAL_CHUNK``: DualChunkRotaryEmbedding's.
 - ``DTYPES``.
@@ -91,6 +95,10 @@ SIZES: dict[str, tuple[RopeCase, ...]] = {
         RopeCase("many heads 48+4x128", 3, 48, 4, 128, 128),  # more than a 32-head tile: looped
         RopeCase("key None 4x64", 9, 4, None, 64, 64),
     ),
+    "tpu": (
+        RopeCase("tpu decode 4+2x128", 1, 4, 2, 128, 128),
+        RopeCase("tpu partial key None T7 3x128 rot 64", 7, 3, None, 128, 64),
+    ),
     "real": (
         RopeCase("T1 32+8x128", 1, 32, 8, 128, 128),
         RopeCase("T16 32+8x128", 16, 32, 8, 128, 128),
@@ -128,6 +136,52 @@ APPLY = (
     ApplyCase("2x5x3x64 neox", (2, 5, 3, 64), 64, True),
     ApplyCase("7x4x32 rot 16 gptj", (7, 4, 32), 16, False),  # 3-D x, partial rotary
     ApplyCase("1x9x2x80 rot 40 neox", (1, 9, 2, 80), 40, True),
+)
+
+@dataclasses.dataclass(frozen=True)
+class RopeTypeCase:
+    """One row of get_rope's table (vLLM 0.33's rope types): ``get_rope(head_size, max_position,
+    is_neox, rope_parameters, dtype)``. ``positions`` is the exclusive upper bound of the positions
+    the rows' inputs use (the cache rows a model reaches)."""
+
+    label: str
+    head_size: int
+    max_position: int
+    is_neox: bool
+    rope_parameters: dict
+    positions: int
+
+    def build(self, dtype: torch.dtype):
+        from customop.ops.rotary_embedding import get_rope
+        return get_rope(self.head_size, self.max_position, self.is_neox, self.rope_parameters, dtype)
+
+
+_SHORT = [1.0 + 0.05 * i for i in range(32)]
+_LONG = [1.0 + 0.9 * i for i in range(32)]
+#: get_rope's rope types other than "default" that run RotaryEmbedding's paths (kernels included):
+#: small heads, a few hundred positions, odd factors.
+ROPE_TYPES = (
+    RopeTypeCase("linear", 64, 256, True, {"rope_type": "linear", "factor": [1.0, 2.5]}, 256),
+    RopeTypeCase("dynamic", 64, 512, True, {"rope_type": "dynamic", "factor": 2.0, "max_trained_positions": 256}, 512),
+    RopeTypeCase("dynamic alpha", 64, 256, False, {"rope_type": "dynamic", "alpha": 1000.0, "factor": 3.0}, 256),
+    RopeTypeCase("ntk", 64, 256, True, {"rope_type": "ntk", "factor": 4.0}, 256),
+    RopeTypeCase("ntk mixed", 64, 256, False, {"rope_type": "ntk", "factor": 4.0, "mixed_b": 0.75}, 256),
+    RopeTypeCase("yarn attention_factor", 64, 4096, True, {
+        "rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64, "attention_factor": 1.0}, 1024),
+    RopeTypeCase("yarn mscale partial", 128, 4096, True, {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "mscale": 1.0,
+        "mscale_all_dim": 0.5, "beta_fast": 16, "partial_rotary_factor": 0.75}, 512),
+    RopeTypeCase("llama3", 64, 1024, True, {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 128, "rope_theta": 500000.0}, 1024),
+    RopeTypeCase("deepseek_yarn", 64, 4096, False, {
+        "rope_type": "deepseek_yarn", "factor": 4.0, "original_max_position_embeddings": 128, "mscale": 0.707,
+        "mscale_all_dim": 1.0}, 512),
+    RopeTypeCase("longrope", 64, 256, True, {
+        "rope_type": "longrope", "original_max_position_embeddings": 64, "short_factor": _SHORT,
+        "long_factor": _LONG}, 256),
+    RopeTypeCase("proportional", 64, 256, True, {"rope_type": "proportional", "partial_rotary_factor": 0.5,
+                                                 "rope_theta": 1e6}, 256),
 )
 
 #: DualChunkRotaryEmbedding: (tokens, heads, kv heads, head size, chunk size, local size)

@@ -128,3 +128,31 @@ class RotaryEmbedding(CustomOp):
         return (f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
                 f"max_position_embeddings={self.max_position_embeddings}, base={self.base}, "
                 f"is_neox_style={self.is_neox_style}")
+
+
+class OffsetsForward:
+    """Mixed into a RotaryEmbedding subclass whose vLLM 0.33 ``forward`` takes
+    ``(positions, query, key=None, offsets=None)``: every path reads cache row
+    ``self._cache_index(positions, offsets)`` (``positions + offsets`` unless the subclass says
+    otherwise) and then runs RotaryEmbedding's own path, kernels included."""
+
+    def _cache_index(self, positions: Tensor, offsets: Tensor | None) -> Tensor:
+        return positions if offsets is None else positions + offsets
+
+    def forward_native(self, positions: Tensor, query: Tensor, key: Tensor | None = None,
+                       offsets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        return super().forward_native(self._cache_index(positions, offsets), query, key)
+
+    def forward_cpu(self, positions: Tensor, query: Tensor, key: Tensor | None = None,
+                    offsets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        return super().forward_cpu(self._cache_index(positions, offsets), query, key)
+
+    def forward_kernel(self, positions: Tensor, query: Tensor, key: Tensor | None = None,
+                       offsets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        return super().forward_kernel(self._cache_index(positions, offsets), query, key)
+
+    def forward_cuda(self, positions: Tensor, query: Tensor, key: Tensor | None = None,
+                     offsets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        return self.forward_kernel(positions, query, key, offsets)
+
+    forward_xpu = forward_tpu = forward_cuda

@@ -19,6 +19,8 @@ built on the CPU and follow the query's device and dtype on first use, like the 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from customop.custom_op import CustomOp
@@ -31,10 +33,11 @@ CACHE_NAMES = ("cos_sin_q_cache", "cos_sin_qc_cache", "cos_sin_k_cache", "cos_si
                "cos_sin_q_inter_cache")
 
 
-def _rotate_rows(cos_sin: Tensor, x: Tensor, head_size: int, is_neox_style: bool) -> Tensor:
-    """``x`` rotated with per-token cache rows ``cos_sin`` ``[T, rotary_dim]``, as ``[T, -1]``."""
+def _rotate_rows(cos_sin: Tensor, x: Tensor, head_size: int, is_neox_style: bool, width: int) -> Tensor:
+    """``x`` rotated with per-token cache rows ``cos_sin`` ``[T, rotary_dim]``, as ``[T, width]``
+    (the width spelled out: ``-1`` cannot be inferred from an empty batch)."""
     cos, sin = cos_sin.to(x.dtype).chunk(2, dim=-1)
-    return common.rotate_heads(x, cos, sin, head_size, is_neox_style).reshape(cos.shape[0], -1)
+    return common.rotate_heads(x, cos, sin, head_size, is_neox_style).reshape(cos.shape[0], width)
 
 
 @CustomOp.register("dual_chunk_rotary_embedding")
@@ -77,16 +80,17 @@ class DualChunkRotaryEmbedding(CustomOp):
             buffer_like(self, name, query) for name in CACHE_NAMES)
         if offsets is not None:
             positions = positions + offsets
+        q_width, k_width = (math.prod(x.shape[positions.dim():]) for x in (query, key))
         positions = positions.flatten()
         local = positions % (self.chunk_size - self.local_size)
         args = (self.head_size, self.is_neox_style)
-        key = _rotate_rows(k_cache[positions], key, *args)
+        key = _rotate_rows(k_cache[positions], key, *args, k_width)
         query = torch.cat((
-            _rotate_rows(q_cache[local], query, *args),
-            _rotate_rows(qc_cache[local], query, *args),
-            _rotate_rows(qc_cache[-1].expand(positions.shape[0], -1), query, *args),
-            _rotate_rows(qc_no_clamp_cache[local], query, *args),
-            _rotate_rows(q_inter_cache[local], query, *args),
+            _rotate_rows(q_cache[local], query, *args, q_width),
+            _rotate_rows(qc_cache[local], query, *args, q_width),
+            _rotate_rows(qc_cache[-1].expand(positions.shape[0], -1), query, *args, q_width),
+            _rotate_rows(qc_no_clamp_cache[local], query, *args, q_width),
+            _rotate_rows(q_inter_cache[local], query, *args, q_width),
         ), dim=-1)
         return query, key
 
