@@ -1,4 +1,5 @@
-"""Norms: RMSNorm (+ fused residual add), GemmaRMSNorm, RMSNormGated.
+"""Norms: RMSNorm (+ fused residual add), GemmaRMSNorm, RMSNormGated, LayerNorm,
+NemotronLayerNorm1P (+ fused residual add) and FusedRMSNormGated (+ fused residual add).
 
 The math (``customop/math/layernorm.py``, re-exported here) follows vLLM's, rounding order
 included, because checkpoints are trained against it.
@@ -17,7 +18,8 @@ from torch import nn
 from customop.backends.cpu import CpuTiers, eager, run_tiered
 from customop.custom_op import CustomOp
 from customop.math.layernorm import (  # noqa: F401  (the spec, re-exported here)
-    fused_add_rms_norm, gemma_fused_add_rms_norm, gemma_rms_norm, rms_norm, rms_norm_gated,
+    fused_add_nemotron_layer_norm, fused_add_rms_norm, fused_add_rms_norm_gated, fused_rms_norm_gated,
+    gemma_fused_add_rms_norm, gemma_rms_norm, layer_norm, nemotron_layer_norm, rms_norm, rms_norm_gated,
 )
 
 # ---- input checks (every path) -------------------------------------------------------------
@@ -269,3 +271,282 @@ class RMSNormGated(CustomOp):
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, eps={self.eps}, group_size={self.group_size}, "
                 f"norm_before_gate={self.norm_before_gate}, activation={self.activation!r}")
+
+
+# ---- layer norms (vLLM 0.33: layer_norm, nemotron_layer_norm) ------------------------------------
+
+
+def _check_affine(op: str, hidden_size: int, x: torch.Tensor, weight: torch.Tensor | None,
+                  bias: torch.Tensor | None) -> None:
+    """x, weight and bias of a layer norm. The parameters' dtype is x's, or fp32 under a bf16/fp16
+    x (F.layer_norm's mixed mode; fp32 under fp16 x, say, would not run in vLLM either)."""
+    _check_norm_inputs(op, hidden_size, x, weight, {})
+    for arg, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if arg == "bias":
+            _check_float(op, arg, t)
+            if t.device != x.device:
+                raise ValueError(f"customop.{op}: bias is on {t.device} but x is on {x.device}")
+            if t.shape != (hidden_size,):
+                raise ValueError(f"customop.{op}: bias has shape {tuple(t.shape)}, expected ({hidden_size},)")
+        mixed = x.dtype in (torch.bfloat16, torch.float16) and t.dtype == torch.float32
+        if t.dtype != x.dtype and not mixed:
+            raise TypeError(f"customop.{op}: {arg} has dtype {t.dtype}, expected x's {x.dtype} or torch.float32")
+    if weight is not None and bias is not None and bias.dtype != weight.dtype:
+        raise TypeError(f"customop.{op}: bias has dtype {bias.dtype}, expected weight's {weight.dtype}")
+
+
+#: Measured on the 2-core CI box (benchmarks/results/cpu_layernorm.md, layer norms): ATen's
+#: F.layer_norm is one fused kernel already, so a compiled call only adds its ~18 us floor; the
+#: Nemotron residual add is one more eager kernel, which compiled code fuses.
+LAYER_NORM_CPU_TIERS = CpuTiers(min_numel=float("inf"), dynamic=False)
+FUSED_ADD_LAYER_NORM_CPU_TIERS = CpuTiers(min_numel=float("inf"), dynamic=False)
+
+
+@CustomOp.register("layer_norm")
+class LayerNorm(CustomOp):
+    """vLLM 0.33's ``LayerNorm``: ``(x - mean) / sqrt(var + eps) * w + b`` over the last dim.
+
+    ``elementwise_affine=False``: no weight and no bias (``bias`` ignored); ``bias=False``: a
+    weight only. The weight starts at ones and the bias at zeros, in ``dtype`` (default: torch's
+    default dtype). The compute dtype is ``promote(x, w)``: a bf16/fp16 input with an fp32 weight
+    is normalised in fp32 and cast back. There is no residual argument (vLLM 0.33 has none).
+    Never in place.
+    """
+
+    cpu_tiers = LAYER_NORM_CPU_TIERS
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        dtype = dtype or torch.get_default_dtype()
+        weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype)) if elementwise_affine else None
+        bias_p = nn.Parameter(torch.zeros(hidden_size, dtype=dtype)) if elementwise_affine and bias else None
+        self.register_parameter("weight", weight)
+        self.register_parameter("bias", bias_p)
+
+    def _check(self, x: torch.Tensor) -> None:
+        _check_affine(self.name, self.hidden_size, x, self.weight, self.bias)
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        self._check(x)
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        self._check(x)
+        return run_tiered(self.cpu_tiers, layer_norm, x, self.weight, self.bias, self.eps)
+
+    def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_kernel(x)
+
+    forward_xpu = forward_tpu = forward_cuda
+
+    def forward_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """The ``torch.ops.customop`` call every accelerator shares (fp32 math, one cast to x's
+        dtype: what ``promote(x, w)`` gives for the dtypes ``_check_affine`` lets through)."""
+        self._check(x)
+        return torch.ops.customop.layer_norm(_last_dim_contiguous(x), self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+                f"bias={self.bias is not None}")
+
+
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The autocast dtype for x's device while autocast is on there (Nemotron's norm casts to it)."""
+    device_type = x.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+@CustomOp.register("nemotron_layer_norm")
+class NemotronLayerNorm1P(CustomOp):
+    """Nemotron's LayerNorm1P (vLLM 0.33's ``nemotron_layer_norm``): a layer norm whose weight is
+    stored as an offset from 1 (weight and bias start at zeros, in torch's default dtype) and
+    applied as ``1 + w``, formed in the weight's dtype.
+
+    ``forward(x, residual)`` adds ``h = x + residual`` **in x's dtype** (no fp32 add, unlike
+    RMSNorm) and returns ``(norm(h), h)``. Same in-place contract as ``RMSNorm``: the kernel paths
+    write into ``x`` and ``residual``, the native and CPU paths return new tensors; **callers must
+    use the returned tensors**. Under torch autocast, x, ``1 + w`` and the bias are cast to the
+    autocast dtype first, as vLLM does (every path runs the spec then).
+    """
+
+    cpu_tiers = LAYER_NORM_CPU_TIERS
+    fused_add_cpu_tiers = FUSED_ADD_LAYER_NORM_CPU_TIERS
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(hidden_size))
+        self.bias = nn.Parameter(torch.zeros(hidden_size))
+
+    def _check(self, x: torch.Tensor, residual: torch.Tensor | None) -> None:
+        _check_affine(self.name, self.hidden_size, x, self.weight, self.bias)
+        if residual is not None:
+            _check_like(self.name, "residual", residual, x)
+
+    def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        self._check(x, residual)
+        return self._spec(x, residual)
+
+    def _spec(self, x: torch.Tensor, residual: torch.Tensor | None):
+        """The math on inputs already checked, autocast included."""
+        dtype = _autocast_dtype(x)
+        if dtype is None:
+            if residual is None:
+                return nemotron_layer_norm(x, self.weight, self.bias, self.eps)
+            return fused_add_nemotron_layer_norm(x, residual, self.weight, self.bias, self.eps)
+        h = x if residual is None else x + residual
+        with torch.autocast(x.device.type, enabled=False):
+            y = torch.nn.functional.layer_norm(h.to(dtype), (self.hidden_size,), (self.weight + 1).to(dtype),
+                                               None if self.bias is None else self.bias.to(dtype), self.eps)
+        return y if residual is None else (y, h)
+
+    def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        self._check(x, residual)
+        if _autocast_dtype(x) is not None:
+            return self._spec(x, residual)
+        if residual is None:
+            return run_tiered(self.cpu_tiers, nemotron_layer_norm, x, self.weight, self.bias, self.eps)
+        return run_tiered(self.fused_add_cpu_tiers, fused_add_nemotron_layer_norm, x, residual, self.weight,
+                          self.bias, self.eps)
+
+    def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return self.forward_kernel(x, residual)
+
+    forward_xpu = forward_tpu = forward_cuda
+
+    def forward_kernel(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """The ``torch.ops.customop`` call every accelerator shares; autocast, and the fused add
+        while autograd records (an in-place op has no backward), run the spec."""
+        self._check(x, residual)
+        if _autocast_dtype(x) is not None or (residual is not None and _autograd_records(x, residual)):
+            return self._spec(x, residual)
+        if residual is None:
+            return torch.ops.customop.nemotron_layer_norm(_last_dim_contiguous(x), self.weight, self.bias, self.eps)
+        x, residual = _last_dim_contiguous(x), _last_dim_contiguous(residual)
+        torch.ops.customop.fused_add_nemotron_layer_norm(x, residual, self.weight, self.bias, self.eps)
+        return x, residual
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, eps={self.eps}"
+
+
+# ---- FusedRMSNormGated (vLLM 0.33: fused_rms_norm_gated, the KDA output norm) -------------------
+
+
+@CustomOp.register("fused_rms_norm_gated")
+class FusedRMSNormGated(CustomOp):
+    """vLLM 0.33's ``FusedRMSNormGated``: ``rms(x) * w``, then the gate, always after the norm:
+    ``* g * sigmoid(g)`` (``"swish"``/``"silu"``) or ``* sigmoid(g)``; all in fp32, returned in
+    x's dtype. There is no group size and no ``norm_before_gate`` (the math is
+    ``RMSNormGated``'s with ``norm_before_gate=True`` over whole rows).
+
+    ``forward(x, g, residual=None, prenorm=False, residual_in_fp32=False)``: with a residual the
+    fp32 sum ``s = x + residual`` is normalised; ``prenorm`` returns ``(y, residual_out)`` where
+    ``residual_out`` is ``s`` in residual's dtype (without a residual: x, in fp32 if
+    ``residual_in_fp32``). ``elementwise_affine=False``: no weight. No bias.
+
+    Deliberate differences from vLLM 0.33: the weight starts at ones (vLLM leaves ``torch.empty``
+    memory until a checkpoint loads); no path writes into x (vLLM's kernel writes y over x's
+    buffer, so its ``prenorm`` call without a residual returns y twice; here the second element
+    is x, the pre-norm value, as the residual stream needs); the residual and prenorm forms have a
+    native path here (vLLM's native method calls its Triton kernel for them).
+    """
+
+    cpu_tiers = NORM_CPU_TIERS
+
+    def __init__(self, hidden_size: int, elementwise_affine: bool = True, eps: float = 1e-5,
+                 activation: str = "swish", device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if activation not in _GATE_ACTIVATIONS:
+            raise ValueError(f"customop.fused_rms_norm_gated: activation={activation!r} is not one of "
+                             f"{sorted(_GATE_ACTIVATIONS)}")
+        self.hidden_size = hidden_size
+        self.elementwise_affine = elementwise_affine
+        self.eps = eps
+        self.activation = activation
+        weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype)) if elementwise_affine else None
+        self.register_parameter("weight", weight)
+        self.register_parameter("bias", None)
+
+    @property
+    def sigmoid(self) -> bool:
+        return _GATE_ACTIVATIONS[self.activation]
+
+    def _check(self, x: torch.Tensor, g: torch.Tensor, residual: torch.Tensor | None) -> None:
+        _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"g": g})
+        if residual is not None:  # (any float dtype: residual_out keeps it)
+            _check_float(self.name, "residual", residual)
+            if residual.device != x.device:
+                raise ValueError(f"customop.{self.name}: residual is on {residual.device} but x is on {x.device}")
+            if residual.shape != x.shape:
+                raise ValueError(f"customop.{self.name}: residual has shape {tuple(residual.shape)}, "
+                                 f"expected x's {tuple(x.shape)}")
+
+    @staticmethod
+    def _prenorm_residual(x: torch.Tensor, residual_in_fp32: bool) -> torch.Tensor:
+        return x.float() if residual_in_fp32 else x
+
+    def _run(self, run_plain, run_fused, x, g, residual, prenorm, residual_in_fp32):
+        if residual is None:
+            y = run_plain(x, g)
+            return (y, self._prenorm_residual(x, residual_in_fp32)) if prenorm else y
+        y, residual_out = run_fused(x, g, residual)
+        return (y, residual_out) if prenorm else y
+
+    def forward_native(self, x: torch.Tensor, g: torch.Tensor, residual: torch.Tensor | None = None,
+                       prenorm: bool = False, residual_in_fp32: bool = False):
+        self._check(x, g, residual)
+        return self._run(self._plain_spec, self._fused_spec, x, g, residual, prenorm, residual_in_fp32)
+
+    def _plain_spec(self, x, g):
+        return fused_rms_norm_gated(x, g, self.weight, self.eps, self.sigmoid)
+
+    def _fused_spec(self, x, g, residual):
+        return fused_add_rms_norm_gated(x, g, residual, self.weight, self.eps, self.sigmoid)
+
+    def forward_cpu(self, x: torch.Tensor, g: torch.Tensor, residual: torch.Tensor | None = None,
+                    prenorm: bool = False, residual_in_fp32: bool = False):
+        self._check(x, g, residual)
+        return self._run(
+            lambda x, g: run_tiered(self.cpu_tiers, fused_rms_norm_gated, x, g, self.weight, self.eps, self.sigmoid),
+            lambda x, g, r: run_tiered(self.cpu_tiers, fused_add_rms_norm_gated, x, g, r, self.weight, self.eps,
+                                       self.sigmoid),
+            x, g, residual, prenorm, residual_in_fp32)
+
+    def forward_cuda(self, x: torch.Tensor, g: torch.Tensor, residual: torch.Tensor | None = None,
+                     prenorm: bool = False, residual_in_fp32: bool = False):
+        return self.forward_kernel(x, g, residual, prenorm, residual_in_fp32)
+
+    forward_xpu = forward_tpu = forward_cuda
+
+    def forward_kernel(self, x: torch.Tensor, g: torch.Tensor, residual: torch.Tensor | None = None,
+                       prenorm: bool = False, residual_in_fp32: bool = False):
+        """The ``torch.ops.customop`` calls every accelerator shares (the fused add runs the spec
+        while autograd records: its op has no backward)."""
+        self._check(x, g, residual)
+
+        def fused(x, g, r):
+            if _autograd_records(x, g, r, self.weight):
+                return self._fused_spec(x, g, r)
+            return torch.ops.customop.fused_add_rms_norm_gated(
+                _last_dim_contiguous(x), _last_dim_contiguous(g), _last_dim_contiguous(r), self.weight, self.eps,
+                self.sigmoid)
+
+        return self._run(
+            lambda x, g: torch.ops.customop.fused_rms_norm_gated(
+                _last_dim_contiguous(x), _last_dim_contiguous(g), self.weight, self.eps, self.sigmoid),
+            fused, x, g, residual, prenorm, residual_in_fp32)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, elementwise_affine={self.elementwise_affine}, eps={self.eps}, "
+                f"activation={self.activation!r}")

@@ -1,8 +1,10 @@
 """The norms family's case table: what every tier runs, and ``customop check`` too.
 
-- ``CASES``: RMSNorm, GemmaRMSNorm and RMSNormGated variants: constructor arguments, the weight's
-  dtype (the input's, fp32, or no weight), the call form (``x``; ``x, residual``: the fused add;
-  ``x, z``: the gate) and, for the gated norm, how many groups a row splits into. The rows marked
+- ``CASES``: RMSNorm, GemmaRMSNorm, RMSNormGated, LayerNorm, NemotronLayerNorm1P and
+  FusedRMSNormGated variants: constructor arguments, the weight's dtype (the input's, fp32, or no
+  weight), a bias (the layer norms), the call form (``x``; ``x, residual``: the fused add;
+  ``x, z``: the gate; ``x, g[, residual]`` and keyword arguments for FusedRMSNormGated) and, for
+  the gated norm, how many groups a row splits into. The rows marked
   ``base`` (one per ``customop::`` norm op) are the ones whose compiled paths are checked too: each
   costs a compile per dtype.
 - ``SIZES``: the inputs of each tier as ``(*leading dims, hidden)``. ``"check"``: ``customop
@@ -44,6 +46,9 @@ class NormCase:
     #: rms_norm_gated: groups per row where the hidden size divides into them, else the whole row
     groups: int = 1
     base: bool = False
+    bias: bool = False  # layer norms: a random bias (else none, or Nemotron's zeros)
+    #: keyword arguments of the call (FusedRMSNormGated's prenorm, residual_in_fp32)
+    call_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def op_class(self) -> type[CustomOp]:
@@ -53,8 +58,20 @@ class NormCase:
     def library_op(self) -> str:
         """The ``customop::`` op that ``forward_kernel`` calls for this row."""
         if self.residual:
-            return "gemma_fused_add_rms_norm" if self.op == "gemma_rms_norm" else "fused_add_rms_norm"
+            return {"gemma_rms_norm": "gemma_fused_add_rms_norm", "nemotron_layer_norm": "fused_add_nemotron_layer_norm",
+                    "fused_rms_norm_gated": "fused_add_rms_norm_gated"}.get(self.op, "fused_add_rms_norm")
         return self.op
+
+    @property
+    def in_place(self) -> bool:
+        """The kernel paths write the output into x and the sum into residual (the fused adds of
+        the RMS and Nemotron norms; FusedRMSNormGated's returns new tensors)."""
+        return self.residual and self.op != "fused_rms_norm_gated"
+
+    @property
+    def offset_weight(self) -> bool:
+        """The weight is stored as an offset from 1 (Gemma, Nemotron): parameters start at zeros."""
+        return self.op in ("gemma_rms_norm", "nemotron_layer_norm")
 
     def group_size(self, hidden: int) -> int:
         return hidden // self.groups if hidden % self.groups == 0 else hidden
@@ -67,9 +84,11 @@ class NormCase:
         kwargs = {"hidden_size": hidden, **self.init}
         if self.op == "rms_norm_gated":
             kwargs["group_size"] = self.group_size(hidden)
+        if self.op == "layer_norm":
+            kwargs["bias"] = self.bias
         if self.weight is None:
-            kwargs["has_weight"] = False
-        elif self.op != "gemma_rms_norm":  # (Gemma's weight is an fp32 parameter: build() casts it)
+            kwargs["elementwise_affine" if self.op in ("layer_norm", "fused_rms_norm_gated") else "has_weight"] = False
+        elif not self.offset_weight:  # (Gemma's and Nemotron's are fp32 parameters: build() casts them)
             kwargs["dtype"] = self.weight_dtype(dtype)
         return kwargs
 
@@ -77,9 +96,16 @@ class NormCase:
                       device: str | torch.device = "cpu") -> torch.Tensor | None:
         if self.weight is None:
             return None
-        offset = 0.0 if self.op == "gemma_rms_norm" else 1.0  # Gemma stores 1 + w as w
+        offset = 0.0 if self.offset_weight else 1.0  # Gemma and Nemotron store 1 + w as w
         w = randn(hidden, generator=generator, scale=0.5) + offset
         return w.to(device=device, dtype=self.weight_dtype(dtype))
+
+    def bias_values(self, hidden: int, dtype: torch.dtype, generator: torch.Generator | None = None,
+                    device: str | torch.device = "cpu") -> torch.Tensor | None:
+        """The row's random bias (in the weight's dtype), or None where the row has none."""
+        if not self.bias or self.weight is None:
+            return None
+        return randn(hidden, generator=generator, scale=0.5).to(device=device, dtype=self.weight_dtype(dtype))
 
     def build(self, hidden: int, dtype: torch.dtype, generator: torch.Generator | None = None,
               **kwargs: Any) -> CustomOp:
@@ -90,16 +116,23 @@ class NormCase:
         weight = self.weight_values(hidden, dtype, generator, op.weight.device if op.weight is not None else "cpu")
         if weight is not None:
             op.weight.data = weight
+        bias = self.bias_values(hidden, dtype, generator, op.weight.device if op.weight is not None else "cpu")
+        if bias is not None:
+            op.bias.data = bias
+        elif getattr(op, "bias", None) is not None:  # Nemotron's zeros, in the weight's dtype
+            op.bias.data = op.bias.data.to(op.weight.dtype)
         return op
 
     @property
     def arguments(self) -> tuple[str, ...]:
         """The names of the call's tensors."""
+        if self.op == "fused_rms_norm_gated":
+            return ("x", "g", "residual") if self.residual else ("x", "g")
         return ("x", "residual") if self.residual else ("x", "z") if self.gate else ("x",)
 
     def inputs(self, shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device = "cpu",
                generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
-        """The call's tensors: ``(x,)``, ``(x, residual)`` or ``(x, z)``."""
+        """The call's tensors: ``(x,)``, ``(x, residual)``, ``(x, z)``, ``(x, g[, residual])``."""
         return tuple(randn(*shape, dtype=dtype, device=device, scale=SCALE, generator=generator)
                      for _ in self.arguments)
 
@@ -125,6 +158,27 @@ CASES = (
              weight="fp32", gate=True, groups=4),
     NormCase("rms_norm_gated[no z, norm first, sigmoid]", _GATED, {"norm_before_gate": True, "activation": "sigmoid"},
              weight="fp32", groups=4),
+    # vLLM 0.33's layer norms: weight and bias in x's dtype or fp32, weight only, neither.
+    NormCase("layer_norm", "layer_norm", bias=True, base=True),
+    NormCase("layer_norm[fp32 weight]", "layer_norm", weight="fp32", bias=True),
+    NormCase("layer_norm[no bias]", "layer_norm"),
+    NormCase("layer_norm[no affine]", "layer_norm", weight=None),
+    # Nemotron: the module's fp32 parameters (the base rows, which customop check can load), and
+    # parameters in x's dtype (a model built under that default dtype: 1 + w rounds there)
+    NormCase("nemotron_layer_norm", "nemotron_layer_norm", weight="fp32", bias=True, base=True),
+    NormCase("nemotron_layer_norm[x-dtype weight]", "nemotron_layer_norm", bias=True),
+    NormCase("fused_add_nemotron_layer_norm", "nemotron_layer_norm", weight="fp32", bias=True, residual=True,
+             base=True),
+    NormCase("fused_add_nemotron_layer_norm[x-dtype weight]", "nemotron_layer_norm", bias=True, residual=True),
+    # the KDA output norm: the gate after the norm (swish, sigmoid), no weight, the fused add
+    NormCase("fused_rms_norm_gated", "fused_rms_norm_gated", gate=True, base=True),
+    NormCase("fused_rms_norm_gated[sigmoid, fp32 weight]", "fused_rms_norm_gated", {"activation": "sigmoid"},
+             weight="fp32", gate=True),
+    NormCase("fused_rms_norm_gated[no weight]", "fused_rms_norm_gated", weight=None, gate=True),
+    NormCase("fused_add_rms_norm_gated[prenorm]", "fused_rms_norm_gated", gate=True, residual=True, base=True,
+             call_kwargs={"prenorm": True}),
+    NormCase("fused_add_rms_norm_gated[sigmoid]", "fused_rms_norm_gated", {"activation": "sigmoid"}, gate=True,
+             residual=True),
 )
 BY_LABEL = {case.label: case for case in CASES}
 
@@ -142,13 +196,16 @@ def _builder(op: str):
     def build(dtype: torch.dtype, device: str, gen: torch.Generator) -> list[Sample]:
         samples = []
         for case in (c for c in CASES if c.op == op):
-            if case.op == "gemma_rms_norm" and case.weight == "x":
-                continue  # a Sample's weight is copied into Gemma's fp32 parameter: the row above
+            if case.offset_weight and case.weight == "x":
+                continue  # a Sample's weight is copied into Gemma's (Nemotron's) fp32 parameter: the row above
             for shape in SIZES["check"] + (COMPILED_CHECK if case.base else ()):
                 weight = case.weight_values(shape[-1], dtype, gen, device)
+                bias = case.bias_values(shape[-1], dtype, gen, device)
+                state = {} if weight is None else {"weight": weight}
+                if bias is not None:
+                    state["bias"] = bias
                 samples.append(Sample(case.init_kwargs(shape[-1], dtype), case.inputs(shape, dtype, device, gen),
-                                      state={} if weight is None else {"weight": weight},
-                                      label=f"{case.label} x{shape}"))
+                                      dict(case.call_kwargs), state=state, label=f"{case.label} x{shape}"))
         if op == "rms_norm":  # outside the table: forward_kernel runs the spec for these
             x = randn(3, 96, dtype=dtype, device=device, generator=gen)
             samples.append(Sample({"hidden_size": 96, "var_hidden_size": 64, "dtype": dtype}, (x,),

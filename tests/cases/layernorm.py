@@ -47,9 +47,53 @@ def ref_gated(x, weight, z, eps, group_size, norm_before_gate, sigmoid):
     return y * gate if gate is not None and norm_before_gate else y
 
 
-def reference(case: NormCase, op, x: torch.Tensor, other: torch.Tensor | None = None):
+def ref_layer_norm(x, weight, bias, eps, one_plus=False):
+    """(x - mean) / sqrt(var + eps) * w + b in float64 (biased variance). ``one_plus``
+    (Nemotron): the weight is ``1 + w`` rounded to w's dtype, as vLLM forms it there."""
+    x = x.double()
+    centred = x - x.mean(-1, keepdim=True)
+    y = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * ((weight + 1).double() if one_plus else weight.double())
+    return y if bias is None else y + bias.double()
+
+
+def ref_fused_add_nemotron(x, residual, weight, bias, eps):
+    """(output, new residual): the sum is rounded to x's dtype (vLLM adds in it) before the norm."""
+    h = (x.double() + residual.double()).to(x.dtype)
+    return ref_layer_norm(h, weight, bias, eps, one_plus=True), h.double()
+
+
+def ref_fused_gated(x, g, weight, eps, sigmoid, residual=None):
+    """(output, fp64 sum or None) of FusedRMSNormGated: rms(s) * w, then * g * sigmoid(g)
+    (swish) or * sigmoid(g), with ``s = x + residual`` (no rounding of the sum)."""
+    s = x.double() if residual is None else x.double() + residual.double()
+    y = _normalised(s, eps)
+    if weight is not None:
+        y = y * weight.double()
+    g = g.double()
+    sig = 1 / (1 + torch.exp(-g))
+    return y * (sig if sigmoid else g * sig), (None if residual is None else s)
+
+
+def reference(case: NormCase, op, x: torch.Tensor, other: torch.Tensor | None = None,
+              third: torch.Tensor | None = None):
     """(float64 output, float64 new residual or None) of ``case``'s op (built by ``case.build``)
-    on ``x`` and the call's second tensor (residual or z)."""
+    on ``x`` and the call's other tensors (residual or z; for FusedRMSNormGated g and the
+    residual, whose pair is ``(y, residual_out)`` under ``prenorm`` and ``(y, None)`` without)."""
+    if case.op == "layer_norm":
+        return ref_layer_norm(x, op.weight, op.bias, op.eps), None
+    if case.op == "nemotron_layer_norm":
+        if case.residual:
+            return ref_fused_add_nemotron(x, other, op.weight, op.bias, op.eps)
+        return ref_layer_norm(x, op.weight, op.bias, op.eps, one_plus=True), None
+    if case.op == "fused_rms_norm_gated":
+        y, s = ref_fused_gated(x, other, op.weight, op.eps, op.activation == "sigmoid", third)
+        if case.call_kwargs.get("prenorm"):
+            if s is None:
+                s = x.double().float().double() if case.call_kwargs.get("residual_in_fp32") else x.double()
+            return y, s
+        return y, None
     if case.op == "rms_norm_gated":
         return ref_gated(x, op.weight, other, op.eps, op.group_size, op.norm_before_gate,
                          op.activation == "sigmoid"), None

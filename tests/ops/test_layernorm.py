@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from customop.config import Config, use_config
-from customop.ops.layernorm import GemmaRMSNorm, RMSNorm, RMSNormGated
+from customop.ops.layernorm import (
+    FusedRMSNormGated, GemmaRMSNorm, LayerNorm, NemotronLayerNorm1P, RMSNorm, RMSNormGated,
+)
 from customop.samples.layernorm import BY_LABEL, CASES, DTYPES, SIZES, NormCase
 from customop.testing import assert_close, assert_conforms, forced_platform, randn
 from tests.cases.layernorm import assert_matches, ref_fused_add, ref_rms_norm, reference
@@ -53,7 +55,7 @@ def run_and_check(case, path, shape, dtype, compiled=False):
     if compiled:
         fn = torch.compile(fn, fullgraph=True)
     inputs = [a.clone() for a in args]
-    assert_matches(fn(*args), expected, dtype, exact_residual=True, what=case.label)
+    assert_matches(fn(*args, **case.call_kwargs), expected, dtype, exact_residual=True, what=case.label)
     for before, after in zip(inputs, args):  # native and CPU paths never write into their inputs
         assert torch.equal(before, after)
 
@@ -87,9 +89,9 @@ def test_forward_kernel_wiring(case, shape):
     """forward_kernel (what forward_cuda/_xpu/_tpu run) on CPU tensors reaches the library op's
     reference: the arguments it builds give the right result, in place for the fused add."""
     op, args, expected = make_case(case, shape, torch.bfloat16)
-    got = op.forward_kernel(*args)
+    got = op.forward_kernel(*args, **case.call_kwargs)
     assert_matches(got, expected, torch.bfloat16, what=case.label)
-    if case.residual:
+    if case.in_place:
         assert got[0] is args[0] and got[1] is args[1]
 
 
@@ -119,7 +121,7 @@ def build_cls(cls, hidden, weight_dtype=None, custom_ops=("all",), **kwargs):
     op.requires_grad_(False)
     if op.weight is not None:
         gen = torch.Generator().manual_seed(0)
-        w = randn(*op.weight.shape, generator=gen, scale=0.5) + (0.0 if cls is GemmaRMSNorm else 1.0)
+        w = randn(*op.weight.shape, generator=gen, scale=0.5) + (0.0 if cls in (GemmaRMSNorm, NemotronLayerNorm1P) else 1.0)
         op.weight.data = w.to(weight_dtype or op.weight.dtype)
     return op
 
@@ -156,18 +158,22 @@ def test_weight_init_and_defaults():
     assert torch.equal(RMSNorm(16).weight, torch.ones(16)) and RMSNorm(16).eps == 1e-6
     assert RMSNorm(16, dtype=torch.bfloat16).weight.dtype == torch.bfloat16
     assert torch.equal(GemmaRMSNorm(16).weight, torch.zeros(16)) and GemmaRMSNorm(16).eps == 1e-6
-    for cls, name in ((RMSNorm, "rms_norm"), (GemmaRMSNorm, "gemma_rms_norm"), (RMSNormGated, "rms_norm_gated")):
+    for cls, name in ((RMSNorm, "rms_norm"), (GemmaRMSNorm, "gemma_rms_norm"), (RMSNormGated, "rms_norm_gated"),
+                      (LayerNorm, "layer_norm"), (NemotronLayerNorm1P, "nemotron_layer_norm"),
+                      (FusedRMSNormGated, "fused_rms_norm_gated")):
         assert cls.name == name
 
 
 def test_the_table_covers_every_norm_op_and_kernel_entry():
-    assert {case.op for case in CASES} == {"rms_norm", "gemma_rms_norm", "rms_norm_gated"}
+    assert {case.op for case in CASES} == {"rms_norm", "gemma_rms_norm", "rms_norm_gated", "layer_norm",
+                                           "nemotron_layer_norm", "fused_rms_norm_gated"}
     assert {case.library_op for case in CASES} == set(SCHEMAS)
 
 
 # ---- in-place contracts ----------------------------------------------------------------------------
 
-FUSED = [BY_LABEL["fused_add_rms_norm"], BY_LABEL["gemma_fused_add_rms_norm[x-dtype weight]"]]
+FUSED = [BY_LABEL["fused_add_rms_norm"], BY_LABEL["gemma_fused_add_rms_norm[x-dtype weight]"],
+         BY_LABEL["fused_add_nemotron_layer_norm[x-dtype weight]"]]
 
 
 @pytest.mark.parametrize("case", FUSED, ids=lambda c: c.op)
@@ -270,6 +276,11 @@ SCHEMAS = {
     "gemma_rms_norm": "customop::gemma_rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
     "gemma_fused_add_rms_norm": "customop::gemma_fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()",
     "rms_norm_gated": "customop::rms_norm_gated(Tensor x, Tensor weight, Tensor? z, float eps, int group_size, bool norm_before_gate, bool sigmoid) -> Tensor",
+    "layer_norm": "customop::layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor",
+    "nemotron_layer_norm": "customop::nemotron_layer_norm(Tensor x, Tensor weight, Tensor? bias, float eps) -> Tensor",
+    "fused_add_nemotron_layer_norm": "customop::fused_add_nemotron_layer_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, Tensor? bias, float eps) -> ()",
+    "fused_rms_norm_gated": "customop::fused_rms_norm_gated(Tensor x, Tensor g, Tensor? weight, float eps, bool sigmoid) -> Tensor",
+    "fused_add_rms_norm_gated": "customop::fused_add_rms_norm_gated(Tensor x, Tensor g, Tensor residual, Tensor? weight, float eps, bool sigmoid) -> (Tensor, Tensor)",
 }
 
 
@@ -293,6 +304,15 @@ def _opcheck_samples():
     yield "rms_norm_gated", (x3, w48, r3, 1e-5, 16, False, False)
     yield "rms_norm_gated", (xb, wb, rb, 1e-5, 40, True, True)
     yield "rms_norm_gated", (x3, w48, None, 1e-5, 48, False, False)
+    yield "layer_norm", (x3, w48, randn(48), 1e-5)
+    yield "layer_norm", (xb, randn(40), None, 1e-5)  # fp32 weight on bf16 x
+    yield "layer_norm", (xb, None, None, 1e-5)
+    yield "nemotron_layer_norm", (xb, wb, randn(40, dtype=torch.bfloat16), 1e-5)
+    yield "fused_add_nemotron_layer_norm", (x3, r3, w48, randn(48), 1e-5)
+    yield "fused_add_nemotron_layer_norm", (xb, rb, randn(40), None, 1e-5)
+    yield "fused_rms_norm_gated", (x3, r3, w48, 1e-5, False)
+    yield "fused_rms_norm_gated", (xb, rb, None, 1e-5, True)
+    yield "fused_add_rms_norm_gated", (xb, rb, randn(5, 40), wb, 1e-5, False)  # fp32 residual
 
 
 @pytest.mark.parametrize("name,args", list(_opcheck_samples()), ids=lambda v: v if isinstance(v, str) else None)
@@ -304,7 +324,10 @@ def test_opcheck(name, args):
     (RMSNorm, lambda op, x, r: op(x) + op(x, r)[0]),
     (GemmaRMSNorm, lambda op, x, r: op(x) + op(x, r)[1]),
     (RMSNormGated, lambda op, x, r: op(x, r) + op(x)),
-], ids=["rms_norm", "gemma_rms_norm", "rms_norm_gated"])
+    (LayerNorm, lambda op, x, r: op(x) + r),
+    (NemotronLayerNorm1P, lambda op, x, r: op(x) + op(x, r)[0]),
+    (FusedRMSNormGated, lambda op, x, r: op(x, r) + op(x, r, r, True)[1]),
+], ids=["rms_norm", "gemma_rms_norm", "rms_norm_gated", "layer_norm", "nemotron_layer_norm", "fused_rms_norm_gated"])
 @pytest.mark.parametrize("platform", ["cpu", "cuda"])
 def test_compiles_fullgraph_without_graph_break(cls, call, platform):
     """Dynamo must trace each path as one graph: the kernel ops (with the backend loaded at trace
@@ -326,6 +349,7 @@ def test_compiles_fullgraph_without_graph_break(cls, call, platform):
 
 
 @pytest.mark.slow  # the base rows' check samples cross forward_cpu's compile threshold
-@pytest.mark.parametrize("cls", [RMSNorm, GemmaRMSNorm, RMSNormGated], ids=lambda c: c.name)
+@pytest.mark.parametrize("cls", [RMSNorm, GemmaRMSNorm, RMSNormGated, LayerNorm, NemotronLayerNorm1P,
+                                 FusedRMSNormGated], ids=lambda c: c.name)
 def test_conforms(cls):
     assert_conforms(cls)

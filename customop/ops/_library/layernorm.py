@@ -1,6 +1,10 @@
 """Kernel entry points of the norms family: ``torch.ops.customop.{rms_norm, fused_add_rms_norm,
-gemma_rms_norm, gemma_fused_add_rms_norm, rms_norm_gated}`` and the backward ops of the three
-functional ones (``rms_norm_backward``, ``gemma_rms_norm_backward``, ``rms_norm_gated_backward``).
+gemma_rms_norm, gemma_fused_add_rms_norm, rms_norm_gated, layer_norm, nemotron_layer_norm,
+fused_add_nemotron_layer_norm, fused_rms_norm_gated, fused_add_rms_norm_gated}`` and the backward
+ops of the functional ones (``rms_norm_backward``, ``gemma_rms_norm_backward``,
+``rms_norm_gated_backward``, ``layer_norm_backward``, ``nemotron_layer_norm_backward``;
+``fused_rms_norm_gated`` reuses ``rms_norm_gated_backward``, its math being that op's with the
+gate after the norm over whole rows).
 
 The schemas are a contract with the backends (Triton, XPU, TPU) that register device kernels for
 them; do not change them. ``x`` is ``[..., hidden]``; kernels may require a unit-stride last dim
@@ -40,6 +44,19 @@ SCHEMAS = {
     # -> (grad_x, grad_weight, grad_z)
     "rms_norm_gated_backward": "(Tensor grad_y, Tensor x, Tensor weight, Tensor? z, float eps, int group_size, "
                                "bool norm_before_gate, bool sigmoid) -> (Tensor, Tensor, Tensor)",
+    "layer_norm": "(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor",
+    "nemotron_layer_norm": "(Tensor x, Tensor weight, Tensor? bias, float eps) -> Tensor",
+    "fused_add_nemotron_layer_norm": "(Tensor(a!) x, Tensor(b!) residual, Tensor weight, Tensor? bias, "
+                                     "float eps) -> ()",
+    "fused_rms_norm_gated": "(Tensor x, Tensor g, Tensor? weight, float eps, bool sigmoid) -> Tensor",
+    # -> (y, residual_out): functional (vLLM's kernel returns a new residual_out too)
+    "fused_add_rms_norm_gated": "(Tensor x, Tensor g, Tensor residual, Tensor? weight, float eps, "
+                                "bool sigmoid) -> (Tensor, Tensor)",
+    # -> (grad_x, grad_weight, grad_bias); absent parameters get (0,) tensors
+    "layer_norm_backward": "(Tensor grad_y, Tensor x, Tensor? weight, Tensor? bias, float eps) "
+                           "-> (Tensor, Tensor, Tensor)",
+    "nemotron_layer_norm_backward": "(Tensor grad_y, Tensor x, Tensor weight, Tensor? bias, float eps) "
+                                    "-> (Tensor, Tensor, Tensor)",
 }
 
 
@@ -106,6 +123,69 @@ def rms_norm_gated(x: Tensor, weight: Tensor, z: Tensor | None, eps: float, grou
 def _(x: Tensor, weight: Tensor, z: Tensor | None, eps: float, group_size: int,
       norm_before_gate: bool, sigmoid: bool) -> Tensor:
     return torch.empty_like(x)
+
+
+@torch.library.custom_op("customop::layer_norm", mutates_args=(), schema=SCHEMAS["layer_norm"])
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    """vLLM's LayerNorm over the last dim, computed in ``promote(x, w)``, returned in x's dtype."""
+    return _math.layer_norm(x, weight, bias, eps)
+
+
+@layer_norm.register_fake
+def _(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("customop::nemotron_layer_norm", mutates_args=(), schema=SCHEMAS["nemotron_layer_norm"])
+def nemotron_layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+    """Nemotron's LayerNorm1P: the weight applied as ``1 + w`` (formed in w's dtype)."""
+    return _math.nemotron_layer_norm(x, weight, bias, eps)
+
+
+@nemotron_layer_norm.register_fake
+def _(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("customop::fused_add_nemotron_layer_norm", mutates_args=("x", "residual"),
+                         schema=SCHEMAS["fused_add_nemotron_layer_norm"])
+def fused_add_nemotron_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor | None,
+                                  eps: float) -> None:
+    """In place: ``residual <- x + residual`` (added in x's dtype),
+    ``x <- nemotron_layer_norm(x + residual)``."""
+    out, new_residual = _math.fused_add_nemotron_layer_norm(x, residual, weight, bias, eps)
+    residual.copy_(new_residual)
+    x.copy_(out)
+
+
+@fused_add_nemotron_layer_norm.register_fake
+def _(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> None:
+    return None
+
+
+@torch.library.custom_op("customop::fused_rms_norm_gated", mutates_args=(), schema=SCHEMAS["fused_rms_norm_gated"])
+def fused_rms_norm_gated(x: Tensor, g: Tensor, weight: Tensor | None, eps: float, sigmoid: bool) -> Tensor:
+    """``rms(x) * w * act(g)`` in fp32, returned in x's dtype (see the math module)."""
+    return _math.fused_rms_norm_gated(x, g, weight, eps, sigmoid)
+
+
+@fused_rms_norm_gated.register_fake
+def _(x: Tensor, g: Tensor, weight: Tensor | None, eps: float, sigmoid: bool) -> Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("customop::fused_add_rms_norm_gated", mutates_args=(),
+                         schema=SCHEMAS["fused_add_rms_norm_gated"])
+def fused_add_rms_norm_gated(x: Tensor, g: Tensor, residual: Tensor, weight: Tensor | None, eps: float,
+                             sigmoid: bool) -> tuple[Tensor, Tensor]:
+    """``s = fp32(x) + fp32(residual)``; ``(fused_rms_norm_gated(s) in x's dtype, s in residual's dtype)``."""
+    return _math.fused_add_rms_norm_gated(x, g, residual, weight, eps, sigmoid)
+
+
+@fused_add_rms_norm_gated.register_fake
+def _(x: Tensor, g: Tensor, residual: Tensor, weight: Tensor | None, eps: float,
+      sigmoid: bool) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(x), torch.empty_like(residual)
 
 
 # ---- backward: the vector-Jacobian products of the spec ----------------------------------------
@@ -193,6 +273,29 @@ def rms_norm_gated_vjp(grad_y: Tensor, x: Tensor, weight: Tensor, z: Tensor | No
     return grad_u.to(x.dtype), grad_w, (grad_gate * d_gate).to(z.dtype)
 
 
+def layer_norm_vjp(grad_y: Tensor, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+                   one_plus: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """``(grad_x, grad_weight, grad_bias)`` of ``_math.layer_norm`` (``one_plus``: of
+    ``_math.nemotron_layer_norm``, whose weight enters as ``1 + w``; the rounding of ``1 + w`` to
+    w's dtype passes the gradient through). Absent parameters get ``(0,)`` tensors."""
+    ct = _compute_dtype(x, weight, bias)
+    xf, g = x.to(ct), grad_y.to(ct)
+    mean = xf.mean(dim=-1, keepdim=True)
+    centred = xf - mean
+    r = torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + eps)
+    n = centred * r
+    grad_b = x.new_empty(0) if bias is None else _sum_rows(g).to(bias.dtype)
+    if weight is None:
+        grad_w = x.new_empty(0)
+    else:
+        grad_w = _sum_rows(g * n).to(weight.dtype)
+        w = (weight + 1).to(ct) if one_plus else weight.to(ct)
+        g = g * w
+    # d n / d x: r * (g - mean(g) - n * mean(g * n))
+    grad_x = r * (g - g.mean(dim=-1, keepdim=True) - n * (g * n).mean(dim=-1, keepdim=True))
+    return grad_x.to(x.dtype), grad_w, grad_b
+
+
 @torch.library.custom_op("customop::rms_norm_backward", mutates_args=(), schema=SCHEMAS["rms_norm_backward"])
 def rms_norm_backward(grad_y: Tensor, x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
     """The gradients of ``customop::rms_norm`` w.r.t. x and weight."""
@@ -230,6 +333,31 @@ def _(grad_y: Tensor, x: Tensor, weight: Tensor, z: Tensor | None, eps: float, g
     return torch.empty_like(x), torch.empty_like(weight), (x.new_empty(0) if z is None else torch.empty_like(z))
 
 
+def _layer_norm_backward_fake(grad_y: Tensor, x: Tensor, weight: Tensor | None, bias: Tensor | None,
+                              eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    return (torch.empty_like(x), x.new_empty(0) if weight is None else torch.empty_like(weight),
+            x.new_empty(0) if bias is None else torch.empty_like(bias))
+
+
+@torch.library.custom_op("customop::layer_norm_backward", mutates_args=(), schema=SCHEMAS["layer_norm_backward"])
+def layer_norm_backward(grad_y: Tensor, x: Tensor, weight: Tensor | None, bias: Tensor | None,
+                        eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients of ``customop::layer_norm`` w.r.t. x, weight and bias."""
+    return layer_norm_vjp(grad_y, x, weight, bias, eps)
+
+
+@torch.library.custom_op("customop::nemotron_layer_norm_backward", mutates_args=(),
+                         schema=SCHEMAS["nemotron_layer_norm_backward"])
+def nemotron_layer_norm_backward(grad_y: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None,
+                                 eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients of ``customop::nemotron_layer_norm`` w.r.t. x, weight and bias."""
+    return layer_norm_vjp(grad_y, x, weight, bias, eps, one_plus=True)
+
+
+layer_norm_backward.register_fake(_layer_norm_backward_fake)
+nemotron_layer_norm_backward.register_fake(_layer_norm_backward_fake)
+
+
 # ---- autograd of the functional ops --------------------------------------------------------------
 
 
@@ -260,3 +388,30 @@ def _rms_norm_gated_grads(ctx, grad_y):
 rms_norm.register_autograd(_rms_norm_grads, setup_context=_save_tensors_and_statics)
 gemma_rms_norm.register_autograd(_gemma_rms_norm_grads, setup_context=_save_tensors_and_statics)
 rms_norm_gated.register_autograd(_rms_norm_gated_grads, setup_context=_save_tensors_and_statics)
+
+
+def _layer_norm_grads(backward_op):
+    def grads(ctx, grad_y):
+        x, weight, bias = ctx.saved_tensors
+        grad_x, grad_w, grad_b = backward_op(grad_y, x, weight, bias, *ctx.statics)
+        return grad_x, (None if weight is None else grad_w), (None if bias is None else grad_b), None
+
+    return grads
+
+
+def _fused_rms_norm_gated_grads(ctx, grad_y):
+    """Through ``rms_norm_gated_backward`` (norm before the gate, one group per row); a missing
+    weight is a ones vector there, whose gradient is dropped."""
+    x, g, weight = ctx.saved_tensors
+    eps, sigmoid = ctx.statics
+    w = weight if weight is not None else x.new_ones(x.shape[-1], dtype=torch.float32)
+    grad_x, grad_w, grad_g = torch.ops.customop.rms_norm_gated_backward(grad_y, x, w, g, eps, x.shape[-1], True,
+                                                                        sigmoid)
+    return grad_x, grad_g, (None if weight is None else grad_w), None, None
+
+
+layer_norm.register_autograd(_layer_norm_grads(torch.ops.customop.layer_norm_backward),
+                             setup_context=_save_tensors_and_statics)
+nemotron_layer_norm.register_autograd(_layer_norm_grads(torch.ops.customop.nemotron_layer_norm_backward),
+                                      setup_context=_save_tensors_and_statics)
+fused_rms_norm_gated.register_autograd(_fused_rms_norm_gated_grads, setup_context=_save_tensors_and_statics)
