@@ -170,6 +170,20 @@ def _rms_norm_gated_kernel(
 
 
 @triton.jit
+def _round_to(x, DTYPE: tl.constexpr):
+    """fp32 ``x`` rounded to DTYPE (to nearest, ties to even) and widened back: the rounding
+    points the spec has inside the kernel. bf16 is rounded on the bits because the Triton
+    interpreter truncates a bf16 cast (a GPU rounds either way; NaN stays NaN, as only its low
+    mantissa bits move)."""
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(DTYPE).to(tl.float32)
+
+
+@triton.jit
 def _layer_norm_kernel(
     x_ptr, res_ptr, out_ptr, w_ptr, b_ptr,
     n_rows, n_cols, x_stride, res_stride, out_stride, eps,
@@ -192,7 +206,7 @@ def _layer_norm_kernel(
             if HAS_RESIDUAL:
                 r_ptrs = res_ptr + rows[:, None] * res_stride + cols[None, :]
                 x = (x + tl.load(r_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32))
-                x = x.to(X_DTYPE).to(tl.float32)
+                x = _round_to(x, X_DTYPE)
                 tl.store(r_ptrs, x.to(res_ptr.dtype.element_ty), mask=mask)
             mean = tl.sum(x, axis=1) / n_cols
             xc = tl.where(mask, x - mean[:, None], 0.0)
@@ -200,7 +214,7 @@ def _layer_norm_kernel(
             if HAS_WEIGHT:
                 w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
                 if ONE_PLUS:
-                    w = (w + 1.0).to(W_DTYPE).to(tl.float32)
+                    w = _round_to(w + 1.0, W_DTYPE)
                 y = y * w[None, :]
             if HAS_BIAS:
                 y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)[None, :]
@@ -217,7 +231,7 @@ def _layer_norm_kernel(
             x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             if HAS_RESIDUAL:
                 x = (x + tl.load(r_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32))
-                x = x.to(X_DTYPE).to(tl.float32)
+                x = _round_to(x, X_DTYPE)
             acc += x
         mean = tl.sum(acc, axis=0) / n_cols
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -227,7 +241,7 @@ def _layer_norm_kernel(
             x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             if HAS_RESIDUAL:
                 x = (x + tl.load(r_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32))
-                x = x.to(X_DTYPE).to(tl.float32)
+                x = _round_to(x, X_DTYPE)
             xc = tl.where(mask, x - mean, 0.0)
             acc += xc * xc
         rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
@@ -237,13 +251,13 @@ def _layer_norm_kernel(
             x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             if HAS_RESIDUAL:
                 x = (x + tl.load(r_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32))
-                x = x.to(X_DTYPE).to(tl.float32)
+                x = _round_to(x, X_DTYPE)
                 tl.store(r_row + cols, x.to(res_ptr.dtype.element_ty), mask=mask)
             y = (x - mean) * rstd
             if HAS_WEIGHT:
                 w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
                 if ONE_PLUS:
-                    w = (w + 1.0).to(W_DTYPE).to(tl.float32)
+                    w = _round_to(w + 1.0, W_DTYPE)
                 y = y * w
             if HAS_BIAS:
                 y = y + tl.load(b_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)

@@ -14,7 +14,10 @@ from customop.backends.triton import layernorm as norm
 from customop.samples.layernorm import CASES, DTYPES, SIZES
 from customop.testing import assert_close
 from tests.backends.triton.conftest import as_cpu_kernel
-from tests.cases.layernorm import assert_matches, ref_fused_add, ref_gated, ref_rms_norm, reference
+from tests.cases.layernorm import (
+    assert_matches, ref_fused_add, ref_fused_add_nemotron, ref_fused_gated, ref_gated, ref_layer_norm, ref_rms_norm,
+    reference,
+)
 
 pytestmark = pytest.mark.interpret
 
@@ -39,10 +42,10 @@ def test_kernel_matches_float64_reference(case, shape, dtype, poison_empty):
     args = case.inputs(shape, dtype)
     expected = reference(case, op, *args)
     with as_cpu_kernel(case.library_op, LAUNCHERS[case.library_op]) as calls:
-        got = op.forward_kernel(*args)
+        got = op.forward_kernel(*args, **case.call_kwargs)
     assert len(calls) == 1, "forward_kernel did not reach the Triton launcher"
     assert_matches(got, expected, dtype, what=case.label)
-    if case.residual:  # written in place
+    if case.in_place:  # written in place
         assert got[0] is args[0] and got[1] is args[1]
 
 
@@ -125,6 +128,51 @@ def test_rms_norm_gated_without_z_and_looped(poison_empty):
         assert_close(out, ref_gated(x, w, z, 1e-5, 300, nbg, False).bfloat16(), torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layer_norm_looped_variant(dtype, poison_empty):
+    """The three-pass variant (mean, centred squares, writes), forced on small rows, with an
+    offset so that a one-pass variance would lose digits."""
+    x, r = _x((3, 4231), dtype, 2.0, offset=3.0), _x((3, 4231), dtype, 2.0)
+    w, b = _x((4231,), dtype, 0.5, 1.0), _x((4231,), dtype, 0.5)
+    out = torch.empty_like(x)
+    norm._layer_norm(x, None, w, b, EPS, out, one_plus=False, config=LOOPED)
+    assert_close(out, ref_layer_norm(x, w, b, EPS).to(dtype), dtype)
+    want_out, want_res = ref_fused_add_nemotron(x, r, w, b, EPS)
+    norm._layer_norm(x, r, w, b, EPS, x, one_plus=True, config=LOOPED)
+    assert_close(x, want_out.to(dtype), dtype)
+    assert_close(r, want_res.to(dtype), dtype)
+
+
+def test_nemotron_fused_add_on_strided_views_leaves_padding_alone():
+    hidden, pad = 100, 28
+    xbuf, rbuf = torch.full((9, hidden + pad), float("nan")), torch.full((9, hidden + pad), float("nan"))
+    x, r = xbuf[:, :hidden], rbuf[:, pad:]
+    x.copy_(_x((9, hidden), torch.float32, 2.0))
+    r.copy_(_x((9, hidden), torch.float32, 2.0))
+    w, b = _x((hidden,), torch.float32, 0.5), _x((hidden,), torch.float32, 0.5)
+    want_out, want_res = ref_fused_add_nemotron(x, r, w, b, EPS)
+    norm.fused_add_nemotron_layer_norm(x, r, w, b, EPS)
+    assert_close(x, want_out, torch.float32)
+    assert_close(r, want_res, torch.float32)
+    assert xbuf[:, hidden:].isnan().all() and rbuf[:, :pad].isnan().all()
+
+
+@pytest.mark.parametrize("config", [None, _tuning.RowConfig(1, 64, 4, False)], ids=["tile", "looped"])
+def test_fused_rms_norm_gated_variants(config, poison_empty):
+    """No weight, a transposed (copied) gate, an fp32 residual (its sum kept in fp32)."""
+    x, w = _x((5, 300), torch.bfloat16, 2.0), _x((300,), torch.bfloat16, 0.5, 1.0)
+    g = _x((300, 5), torch.bfloat16).t()
+    r = _x((5, 300), torch.float32, 2.0)
+    for weight, sigmoid in ((None, False), (w, True)):
+        got = norm.fused_rms_norm_gated(x, g, weight, 1e-5, sigmoid, config=config)
+        assert_close(got, ref_fused_gated(x, g, weight, 1e-5, sigmoid)[0], torch.bfloat16)
+    y, res_out = norm.fused_add_rms_norm_gated(x, g, r, w, 1e-5, False, config=config)
+    want_y, want_s = ref_fused_gated(x, g, w, 1e-5, False, r)
+    assert y.dtype == torch.bfloat16 and res_out.dtype == torch.float32
+    assert_close(y, want_y, torch.bfloat16)
+    assert_close(res_out, want_s, torch.float32)
+
+
 def test_rms_norm_gated_rejects_bad_group():
     with pytest.raises(ValueError, match="group_size"):
         norm.rms_norm_gated(torch.randn(2, 10), torch.ones(10), None, 1e-5, 3, False, False)
@@ -147,6 +195,11 @@ def _library_cases():
         "rms_norm_gated": (norm.rms_norm_gated, (x, w, z, 1e-5, 20, False, True)),
         "fused_add_rms_norm": (norm.fused_add_rms_norm, (x, r, w, EPS)),
         "gemma_fused_add_rms_norm": (norm.gemma_fused_add_rms_norm, (x, r, w, EPS)),
+        "layer_norm": (norm.layer_norm, (x, w, z[0], 1e-5)),
+        "nemotron_layer_norm": (norm.nemotron_layer_norm, (x, w, z[0], 1e-5)),
+        "fused_add_nemotron_layer_norm": (norm.fused_add_nemotron_layer_norm, (x, r, w, z[0], 1e-5)),
+        "fused_rms_norm_gated": (norm.fused_rms_norm_gated, (x, z, w, 1e-5, False)),
+        "fused_add_rms_norm_gated": (norm.fused_add_rms_norm_gated, (x, z, r, None, 1e-5, True)),
     }
 
 
@@ -159,7 +212,7 @@ def _clone_args(args):
 def test_library_op_runs_kernel_and_passes_opcheck_and_compile(name):
     launcher, args = _library_cases()[name]
     op = getattr(torch.ops.customop, name)
-    in_place = name.endswith("fused_add_rms_norm")
+    in_place = name.endswith(("fused_add_rms_norm", "fused_add_nemotron_layer_norm"))
     reference_args = _clone_args(args)
     expected = op(*reference_args)  # the reference implementation (no kernel registered yet)
     with as_cpu_kernel(name, launcher) as calls:
