@@ -1,6 +1,6 @@
 """Triton kernels of the activations: the gated ``*_and_mul`` family (gate and up read in one
-pass), gelu_and_mul_sparse (row statistics of the gate), the interleaved GPT-OSS SwiGLU, and the
-elementwise GELU variants, relu2 and xIELU.
+pass; silu_and_mul_with_clamp and situ_and_mul too), gelu_and_mul_sparse (row statistics of the
+gate), the interleaved GPT-OSS SwiGLU, and the elementwise GELU variants, relu2 and xIELU.
 
 All math is fp32 with a single cast of the result (the native spec rounds after every op in the
 input dtype; one rounding is closer to the exact value). Outputs are new contiguous tensors.
@@ -16,16 +16,28 @@ import triton.language as tl
 
 from customop.backends.triton import _tuning
 from customop.backends.triton._common import (
-    as_rows, device_guard, expm1_neg, gelu_erf, gelu_tanh, row_stride, silu,
+    as_rows, device_guard, expm1_neg, gelu_erf, row_stride, silu,
 )
+from customop.backends.triton._common import gelu_tanh as tanh_gelu  # gelu_tanh: the launcher below
 
 # Activation codes (the kernels' ACT constexpr). Globals read inside @triton.jit code must be
 # tl.constexpr objects; launchers pass ``.value``.
 SILU, GELU, GELU_TANH, FATRELU, SWIGLUSTEP = (tl.constexpr(i) for i in range(5))
+# situ_and_mul without / with linear_beta: two codes, so that the kernel needs no extra flag
+SILU_CLAMP, SITU, SITU_LINEAR = (tl.constexpr(i) for i in range(5, 8))
 GELU_NEW, GELU_FAST, QUICK_GELU, RELU2, XIELU = (tl.constexpr(i) for i in range(10, 15))
 
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 _GELU_FAST_C = tl.constexpr(0.7978845608)  # gelu_fast's spec inlines the constant with 10 digits
+
+
+@triton.jit
+def _tanh(v):
+    # tanh(|v|) = -m / (2 + m), m = expm1(-2|v|): no cancellation near 0 (2 sigmoid(2v) - 1 loses
+    # the relative accuracy of small results), and no device-specific tanh intrinsic
+    m = expm1_neg(-2.0 * tl.abs(v))
+    t = -m / (2.0 + m)
+    return tl.where(v < 0.0, -t, t)
 
 
 @triton.jit
@@ -36,7 +48,7 @@ def _gate_act(a, param, ACT: tl.constexpr):
     elif ACT == GELU:
         return gelu_erf(a)
     elif ACT == GELU_TANH:
-        return gelu_tanh(a, _SQRT_2_OVER_PI)
+        return tanh_gelu(a, _SQRT_2_OVER_PI)
     elif ACT == SWIGLUSTEP:
         return tl.minimum(silu(a), param)
     else:  # FATRELU
@@ -45,9 +57,11 @@ def _gate_act(a, param, ACT: tl.constexpr):
 
 @triton.jit
 def _and_mul_kernel(
-    x_ptr, out_ptr, n_rows, d, x_stride, out_stride, gate_offset, up_offset, param,
+    x_ptr, out_ptr, n_rows, d, x_stride, out_stride, gate_offset, up_offset, param, param2, param3,
     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    # param: fatrelu's threshold, swiglustep's and silu_and_mul_with_clamp's limit, situ's beta;
+    # param2: silu_and_mul_with_clamp's alpha, situ's linear_beta; param3: silu_and_mul_with_clamp's beta
     # tiles of the [n_rows, d] output, row-major (column block fastest): the programs in flight
     # read one contiguous stretch of x and write one of out, as a flat copy does
     pid = tl.program_id(0)
@@ -58,9 +72,18 @@ def _and_mul_kernel(
     x_row = x_ptr + rows[:, None] * x_stride + cols[None, :]
     a = tl.load(x_row + gate_offset, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     b = tl.load(x_row + up_offset, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    if ACT == SWIGLUSTEP:
-        b = tl.minimum(tl.maximum(b, -param), param)
-    y = _gate_act(a, param, ACT) * b
+    if ACT == SILU_CLAMP:
+        g = tl.minimum(a, param)
+        y = g * tl.sigmoid(param2 * g) * (tl.minimum(tl.maximum(b, -param), param) + param3)
+    elif ACT == SITU or ACT == SITU_LINEAR:
+        g = param * _tanh(a / param) * tl.sigmoid(a)
+        if ACT == SITU_LINEAR:
+            b = param2 * _tanh(b / param2)
+        y = g * b
+    else:
+        if ACT == SWIGLUSTEP:
+            b = tl.minimum(tl.maximum(b, -param), param)
+        y = _gate_act(a, param, ACT) * b
     tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -107,7 +130,7 @@ def _gelu_sparse_kernel(
         std = tl.sqrt(tl.sum(centred * centred, axis=1) / d)
         cutoff = (mean + std * std_multiplier)[:, None]
         h = tl.maximum(a - cutoff, 0.0)
-        g = gelu_tanh(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
+        g = tanh_gelu(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
         tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], (g * b).to(out_ptr.dtype.element_ty), mask=mask)
     else:
         # One row per program. Pass 1 merges per-chunk (count, mean, M2) (Chan et al.), which
@@ -136,7 +159,7 @@ def _gelu_sparse_kernel(
             a = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             b = tl.load(x_row + d + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             h = tl.maximum(a - cutoff, 0.0)
-            g = gelu_tanh(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
+            g = tanh_gelu(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
             tl.store(out_ptr + row * out_stride + cols, (g * b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -149,10 +172,12 @@ def _unary_kernel(
     offs = tl.arange(0, BLOCK)
     mask = offs < numel - start
     x = tl.load(x_ptr + start + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    if ACT == GELU_NEW:
-        y = gelu_tanh(x, _SQRT_2_OVER_PI)
+    if ACT == GELU:
+        y = gelu_erf(x)
+    elif ACT == GELU_NEW or ACT == GELU_TANH:  # the same formula: gelu_tanh rounds once, as this does
+        y = tanh_gelu(x, _SQRT_2_OVER_PI)
     elif ACT == GELU_FAST:
-        y = gelu_tanh(x, _GELU_FAST_C)
+        y = tanh_gelu(x, _GELU_FAST_C)
     elif ACT == QUICK_GELU:
         y = x * tl.sigmoid(1.702 * x)
     elif ACT == RELU2:
@@ -196,10 +221,10 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
 
 
 def _and_mul(x: torch.Tensor, act: tl.constexpr, param: float = 0.0, gate_second: bool = False,
-             config: _tuning.TileConfig | None = None) -> torch.Tensor:
+             config: _tuning.TileConfig | None = None, param2: float = 0.0, param3: float = 0.0) -> torch.Tensor:
     d = x.shape[-1] // 2
     gate_offset, up_offset = (d, 0) if gate_second else (0, d)
-    return _launch_tiles(_and_mul_kernel, x, config, gate_offset, up_offset, param, ACT=act.value)
+    return _launch_tiles(_and_mul_kernel, x, config, gate_offset, up_offset, param, param2, param3, ACT=act.value)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -226,6 +251,18 @@ def fatrelu_and_mul(x: torch.Tensor, threshold: float) -> torch.Tensor:
 
 def swiglustep_and_mul(x: torch.Tensor, limit: float) -> torch.Tensor:
     return _and_mul(x, SWIGLUSTEP, param=limit)
+
+
+def silu_and_mul_with_clamp(x: torch.Tensor, swiglu_limit: float, alpha: float, beta: float,
+                            config: _tuning.TileConfig | None = None) -> torch.Tensor:
+    return _and_mul(x, SILU_CLAMP, param=swiglu_limit, param2=alpha, param3=beta, config=config)
+
+
+def situ_and_mul(x: torch.Tensor, beta: float, linear_beta: float | None,
+                 config: _tuning.TileConfig | None = None) -> torch.Tensor:
+    if linear_beta is None:
+        return _and_mul(x, SITU, param=beta, config=config)
+    return _and_mul(x, SITU_LINEAR, param=beta, param2=linear_beta, config=config)
 
 
 def swigluoai_and_mul(x: torch.Tensor, alpha: float, limit: float,
@@ -266,6 +303,14 @@ def _unary(x: torch.Tensor, act: tl.constexpr, alpha_p: torch.Tensor | None = No
     return out
 
 
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    return _unary(x, GELU)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return _unary(x, GELU_TANH)
+
+
 def gelu_new(x: torch.Tensor) -> torch.Tensor:
     return _unary(x, GELU_NEW)
 
@@ -294,6 +339,10 @@ KERNELS = {
     "customop::fatrelu_and_mul": fatrelu_and_mul,
     "customop::swigluoai_and_mul": swigluoai_and_mul,
     "customop::swiglustep_and_mul": swiglustep_and_mul,
+    "customop::silu_and_mul_with_clamp": silu_and_mul_with_clamp,
+    "customop::situ_and_mul": situ_and_mul,
+    "customop::gelu": gelu,
+    "customop::gelu_tanh": gelu_tanh,
     "customop::gelu_new": gelu_new,
     "customop::gelu_fast": gelu_fast,
     "customop::quick_gelu": quick_gelu,
@@ -306,4 +355,4 @@ TUNING = {name: "tile" for name in KERNELS}
 #: (the sparse kernel has no persistent grid)
 _SPARSE_SWEEP = tuple({"num_warps": w} for w in (8, 16, 32)) + ({"block_m": 2}, {"num_warps": 16, "maxnreg": 64})
 TUNING.update({"customop::gelu_and_mul_sparse": ("rows", _SPARSE_SWEEP), **{f"customop::{n}": "flat" for n in
-               ("gelu_new", "gelu_fast", "quick_gelu", "relu2", "xielu")}})
+               ("gelu", "gelu_tanh", "gelu_new", "gelu_fast", "quick_gelu", "relu2", "xielu")}})

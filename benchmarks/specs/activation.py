@@ -109,6 +109,11 @@ SPECS = [
     _gated("fatrelu_and_mul", native.fatrelu_and_mul, (0.1,)),
     _gated("swigluoai_and_mul", native.swigluoai_and_mul, (1.702, 7.0)),
     _gated("swiglustep_and_mul", native.swiglustep_and_mul, (7.0,)),
+    # MiniMax-M3's (limit, alpha, beta); Kimi K3's (beta, linear_beta)
+    _gated("silu_and_mul_with_clamp", native.silu_and_mul_with_clamp, (7.0, 1.702, 1.0)),
+    _gated("situ_and_mul", native.situ_and_mul, (4.0, 25.0)),
+    _unary("gelu", native.gelu),
+    _unary("gelu_tanh", native.gelu_tanh),
     _unary("gelu_new", native.gelu_new),
     _unary("gelu_fast", native.gelu_fast),
     _unary("quick_gelu", native.quick_gelu),

@@ -69,6 +69,41 @@ def swiglustep_and_mul(x: torch.Tensor, limit: float = 7.0) -> torch.Tensor:
     return F.silu(gate).clamp(max=limit) * up.clamp(min=-limit, max=limit)
 
 
+def silu_and_mul_with_clamp(x: torch.Tensor, swiglu_limit: float, alpha: float = 1.0,
+                            beta: float = 0.0) -> torch.Tensor:
+    """SwiGLU with the inputs clamped *before* the activation (vLLM 0.33): ``g = min(a, L)``,
+    ``u = clamp(b, -L, L)``, result ``g * sigmoid(alpha * g) * (u + beta)``, in the input dtype.
+    Halves, not interleaved: with ``alpha=1.702, beta=1.0`` it is swigluoai's formula on halves."""
+    d = x.shape[-1] // 2
+    gate = torch.clamp(x[..., :d], max=swiglu_limit)
+    up = torch.clamp(x[..., d:], min=-swiglu_limit, max=swiglu_limit)
+    return gate * torch.sigmoid(alpha * gate) * (up + beta)
+
+
+def situ_and_mul(x: torch.Tensor, beta: float = 1.0, linear_beta: float | None = None) -> torch.Tensor:
+    """Kimi's SiTU GLU, in fp32 whatever the input dtype (as vLLM; fp64 inputs too), rounded once:
+    ``beta * tanh(a / beta) * sigmoid(a)`` times ``b``, or times ``linear_beta * tanh(b / linear_beta)``
+    when ``linear_beta`` is given."""
+    d = x.shape[-1] // 2
+    gate = x[..., :d].to(torch.float32)
+    up = x[..., d:].to(torch.float32)
+    gate = beta * torch.tanh(gate / beta) * torch.sigmoid(gate)
+    if linear_beta is not None:
+        up = linear_beta * torch.tanh(up / linear_beta)
+    return (gate * up).to(x.dtype)
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """The erf GELU, elementwise: ``F.gelu(x)``."""
+    return F.gelu(x, approximate="none")
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """The tanh GELU, elementwise: ``F.gelu(x, approximate="tanh")`` (torch's kernel; the same
+    formula as gelu_new, rounded once instead of at every step)."""
+    return F.gelu(x, approximate="tanh")
+
+
 def gelu_new(x: torch.Tensor) -> torch.Tensor:
     """GPT-2's GELU: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
     c = math.sqrt(2.0 / math.pi)

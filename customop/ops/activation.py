@@ -22,8 +22,9 @@ from torch import nn
 from customop.backends.cpu import CpuTiers, eager, run_tiered
 from customop.custom_op import CustomOp
 from customop.math.activation import (  # noqa: F401  (the spec, re-exported here)
-    fatrelu_and_mul, gelu_and_mul, gelu_and_mul_sparse, gelu_fast, gelu_new, mul_and_silu, quick_gelu, relu2,
-    silu_and_mul, swiglustep_and_mul, swigluoai_and_mul, swigluoai_on_halves, xielu,
+    fatrelu_and_mul, gelu, gelu_and_mul, gelu_and_mul_sparse, gelu_fast, gelu_new, gelu_tanh, mul_and_silu,
+    quick_gelu, relu2, silu_and_mul, silu_and_mul_with_clamp, situ_and_mul, swiglustep_and_mul, swigluoai_and_mul,
+    swigluoai_on_halves, xielu,
 )
 
 # ---- input checks (every path; the kernels also need contiguity) --------------------------
@@ -261,6 +262,81 @@ class SwigluStepAndMul(_Activation):
         return (self.limit,)
 
 
+@CustomOp.register("silu_and_mul_with_clamp")
+class SiluAndMulWithClamp(_Activation):
+    """SwiGLU with the inputs clamped before the activation (vLLM 0.33; DeepSeek-V4's shared
+    experts, MiniMax-M3 with ``alpha=1.702, beta=1.0``): ``g = min(a, L)``, ``u = clamp(b, -L, L)``,
+    ``g * sigmoid(alpha * g) * (u + beta)`` on the gate and up halves. ``swiglu_limit`` is required.
+    Compiles its native path when disabled."""
+
+    math_fn = staticmethod(silu_and_mul_with_clamp)
+    gated = True
+    compile_native_default = True
+    #: compiled wins from 16x8192 in bf16 and 64x8192 in fp32, one thread
+    #: (benchmarks/results/cpu_activation.md)
+    cpu_tiers = _low_precision_from(1 << 19, 1 << 17)
+    repr_fields = ("swiglu_limit", "alpha", "beta")
+
+    def __init__(self, swiglu_limit: float, alpha: float = 1.0, beta: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if swiglu_limit is None:
+            raise ValueError("SiluAndMulWithClamp: swiglu_limit is required (a number), got None")
+        self.swiglu_limit = float(swiglu_limit)
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+
+    def math_args(self) -> tuple[Any, ...]:
+        return (self.swiglu_limit, self.alpha, self.beta)
+
+
+@CustomOp.register("situ_and_mul")
+class SituAndMul(_Activation):
+    """Kimi's SiTU GLU (vLLM 0.33): ``beta * tanh(a / beta) * sigmoid(a)`` times ``b``, or times
+    ``linear_beta * tanh(b / linear_beta)`` when ``linear_beta`` is given; computed in fp32 and
+    rounded once to the input dtype on every path. ``linear_beta`` is unset only when None (vLLM's
+    CUDA kernel also treats values <= 0 as unset; its native path and every path here do not).
+    Compiles its native path when disabled."""
+
+    math_fn = staticmethod(situ_and_mul)
+    gated = True
+    compile_native_default = True
+    #: eager is ~8 fp32 kernels plus casts: compiled wins from 4x4096 (one thread;
+    #: benchmarks/results/cpu_activation.md)
+    cpu_tiers = CpuTiers(MANY_KERNELS_MIN_NUMEL)
+    repr_fields = ("beta", "linear_beta")
+
+    def __init__(self, beta: float = 1.0, linear_beta: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # zero divides by zero (every output NaN): refused here rather than computed
+        if not beta:
+            raise ValueError(f"SituAndMul: beta must be a non-zero number, got {beta!r}")
+        if linear_beta is not None and not linear_beta:
+            raise ValueError("SituAndMul: linear_beta must be None (no transform of the up half) or a non-zero "
+                             f"number, got {linear_beta!r}")
+        self.beta = float(beta)
+        self.linear_beta = None if linear_beta is None else float(linear_beta)
+
+    def math_args(self) -> tuple[Any, ...]:
+        return (self.beta, self.linear_beta)
+
+
+@CustomOp.register("gelu")
+class GELU(_Activation):
+    """The erf GELU as a CustomOp (vLLM 0.33's ``GELU``), elementwise; what ``get_act_fn("gelu")``
+    returns."""
+
+    math_fn = staticmethod(gelu)
+
+
+@CustomOp.register("gelu_tanh")
+class GELUTanh(_Activation):
+    """The tanh GELU as a CustomOp (vLLM 0.33's ``GELUTanh``), elementwise. ``get_act_fn
+    ("gelu_pytorch_tanh")`` keeps returning ``nn.GELU(approximate="tanh")``, as vLLM does off ARM
+    CPUs."""
+
+    math_fn = staticmethod(gelu_tanh)
+
+
 @CustomOp.register("gelu_new")
 class NewGELU(_Activation):
     """GPT-2's tanh GELU, elementwise."""
@@ -342,7 +418,7 @@ class XIELU(_Activation):
 # ---- factories: one shared instance per name, built on first use (vLLM's LazyDict) ------------
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
-    "gelu": nn.GELU,
+    "gelu": GELU,
     "gelu_fast": FastGELU,
     "gelu_new": NewGELU,
     "gelu_pytorch_tanh": lambda: nn.GELU(approximate="tanh"),

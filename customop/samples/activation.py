@@ -72,6 +72,15 @@ CASES = (
     ActivationCase("fatrelu_and_mul", "fatrelu_and_mul", {"threshold": 0.25}),
     ActivationCase("swigluoai_and_mul", "swigluoai_and_mul", scale=4.0),
     ActivationCase("swiglustep_and_mul", "swiglustep_and_mul", scale=4.0),
+    ActivationCase("silu_and_mul_with_clamp", "silu_and_mul_with_clamp", {"swiglu_limit": 7.0}, scale=4.0),
+    # MiniMax-M3's arguments: swigluoai's formula on halves
+    ActivationCase("silu_and_mul_with_clamp[1.702,1]", "silu_and_mul_with_clamp",
+                   {"swiglu_limit": 7.0, "alpha": 1.702, "beta": 1.0}, scale=4.0),
+    ActivationCase("situ_and_mul", "situ_and_mul"),
+    # Kimi K3's arguments; scale 4: where linear_beta's tanh bends the up half
+    ActivationCase("situ_and_mul[4,25]", "situ_and_mul", {"beta": 4.0, "linear_beta": 25.0}, scale=4.0),
+    ActivationCase("gelu", "gelu"),
+    ActivationCase("gelu_tanh", "gelu_tanh"),
     ActivationCase("gelu_new", "gelu_new"),
     ActivationCase("gelu_fast", "gelu_fast"),
     ActivationCase("quick_gelu", "quick_gelu"),

@@ -3,7 +3,8 @@ the formulas, not from ``customop.math``; every tier judges its path with them.
 
 ``reference(case, x, op)`` takes ``x`` already in the reference dtype (float64; the GPU tier
 uses float32 above 2**27 elements) and the built op, whose constructor-level attributes
-(``approximate``, ``activation_sparsity``, ``threshold``, ``alpha``, ``limit``, xIELU's parameters)
+(``approximate``, ``activation_sparsity``, ``threshold``, ``alpha``, ``limit``, ``swiglu_limit``,
+``beta``, ``linear_beta``, xIELU's parameters)
 it reads; the std multiplier and the softplus of xIELU are computed here, not taken from the op.
 """
 
@@ -46,6 +47,18 @@ def ref_swigluoai_and_mul(x, alpha, limit):
     return (u + 1) * g / (1.0 + torch.exp(-alpha * g))
 
 
+def ref_silu_and_mul_with_clamp(x, limit, alpha, beta):
+    a, b = _halves(x)
+    g = a.clamp(max=limit)
+    return g / (1.0 + torch.exp(-alpha * g)) * (b.clamp(-limit, limit) + beta)
+
+
+def ref_situ_and_mul(x, beta, linear_beta):
+    a, b = _halves(x)
+    up = b if linear_beta is None else linear_beta * torch.tanh(b / linear_beta)
+    return beta * torch.tanh(a / beta) / (1.0 + torch.exp(-a)) * up
+
+
 def ref_gelu_fast(x):
     return 0.5 * x * (1 + torch.tanh(0.7978845608 * x * (1 + 0.044715 * x * x)))
 
@@ -71,6 +84,10 @@ REFERENCES: dict[str, Callable] = {
     "fatrelu_and_mul": lambda x, op: torch.where(_halves(x)[0] > op.threshold, _halves(x)[0], 0.0) * _halves(x)[1],
     "swigluoai_and_mul": lambda x, op: ref_swigluoai_and_mul(x, op.alpha, op.limit),
     "swiglustep_and_mul": lambda x, op: _silu(_halves(x)[0]).clamp(max=op.limit) * _halves(x)[1].clamp(-op.limit, op.limit),
+    "silu_and_mul_with_clamp": lambda x, op: ref_silu_and_mul_with_clamp(x, op.swiglu_limit, op.alpha, op.beta),
+    "situ_and_mul": lambda x, op: ref_situ_and_mul(x, op.beta, op.linear_beta),
+    "gelu": lambda x, op: _gelu(x, "none"),
+    "gelu_tanh": lambda x, op: _gelu(x, "tanh"),
     "gelu_new": lambda x, op: _gelu(x, "tanh"),
     "gelu_fast": lambda x, op: ref_gelu_fast(x),
     "quick_gelu": lambda x, op: x / (1.0 + torch.exp(-1.702 * x)),

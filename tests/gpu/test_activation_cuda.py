@@ -75,7 +75,8 @@ def test_cuda_graph_replay_matches_eager(cuda_kernels, case):
 
 
 @pytest.mark.parametrize("label", ["silu_and_mul", "gelu_and_mul_sparse[0.95]", "swigluoai_and_mul",
-                                   "swiglustep_and_mul", "gelu_new"])
+                                   "swiglustep_and_mul", "silu_and_mul_with_clamp[1.702,1]", "situ_and_mul[4,25]",
+                                   "gelu_new", "gelu"])
 def test_input_inside_nan_guarded_buffer(cuda_kernels, label, poison_empty):
     """The input is a window of a NaN-filled buffer (rows strided past the window, for the
     gated ops): a read outside the window would put NaN into the output."""

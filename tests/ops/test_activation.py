@@ -214,6 +214,10 @@ def test_library_schemas_are_fixed():
         "fatrelu_and_mul": "(Tensor x, float threshold) -> Tensor",
         "swigluoai_and_mul": "(Tensor x, float alpha, float limit) -> Tensor",
         "swiglustep_and_mul": "(Tensor x, float limit) -> Tensor",
+        "silu_and_mul_with_clamp": "(Tensor x, float swiglu_limit, float alpha, float beta) -> Tensor",
+        "situ_and_mul": "(Tensor x, float beta, float? linear_beta) -> Tensor",
+        "gelu": "(Tensor x) -> Tensor",
+        "gelu_tanh": "(Tensor x) -> Tensor",
         "gelu_new": "(Tensor x) -> Tensor",
         "gelu_fast": "(Tensor x) -> Tensor",
         "quick_gelu": "(Tensor x) -> Tensor",
@@ -279,6 +283,55 @@ def test_constructor_arguments():
     assert sparse._std_multiplier == pytest.approx(statistics.NormalDist().inv_cdf(0.95), rel=1e-6)
     assert (act.SwigluOAIAndMul().alpha, act.SwigluOAIAndMul().limit) == (1.702, 7.0)
     assert act.FatreluAndMul().threshold == 0.0
+    with pytest.raises(TypeError):
+        act.SiluAndMulWithClamp()  # swiglu_limit has no default (vLLM 0.33)
+    with pytest.raises(ValueError, match="swiglu_limit is required"):
+        act.SiluAndMulWithClamp(None)
+    clamp = act.SiluAndMulWithClamp(7)
+    assert (clamp.swiglu_limit, clamp.alpha, clamp.beta) == (7.0, 1.0, 0.0) and clamp._compile_native
+    situ = act.SituAndMul()
+    assert (situ.beta, situ.linear_beta) == (1.0, None) and situ._compile_native
+    assert act.SituAndMul(4, 25).linear_beta == 25.0
+    with pytest.raises(ValueError, match="SituAndMul: beta"):
+        act.SituAndMul(0.0)
+    with pytest.raises(ValueError, match="SituAndMul: linear_beta"):
+        act.SituAndMul(1.0, 0.0)
+    with pytest.raises(ValueError, match="SwigluStepAndMul requires limit"):
+        act.SwigluStepAndMul(None)
+    assert not act.SwigluStepAndMul()._compile_native and not act.GELU()._compile_native
+
+
+def _vllm_033_native(name: str, x: torch.Tensor, op) -> torch.Tensor:
+    """vLLM 0.33's forward_native of the ops added in 0.33, operation by operation (the rounding
+    order matters: the comparison below is bitwise)."""
+    d = x.shape[-1] // 2
+    if name == "gelu":
+        return F.gelu(x)
+    if name == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if name == "swiglustep_and_mul":
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate).clamp(max=op.limit) * up.clamp(min=-op.limit, max=op.limit)
+    if name == "silu_and_mul_with_clamp":
+        lim = op.swiglu_limit
+        gate, up = torch.clamp(x[..., :d], max=lim), torch.clamp(x[..., d:], min=-lim, max=lim)
+        return gate * torch.sigmoid(op.alpha * gate) * (up + op.beta)
+    assert name == "situ_and_mul"
+    gate, up = x[..., :d].float(), x[..., d:].float()
+    gate = op.beta * torch.tanh(gate / op.beta) * torch.sigmoid(gate)
+    if op.linear_beta is not None:
+        up = op.linear_beta * torch.tanh(up / op.linear_beta)
+    return (gate * up).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", [c for c in CASES if c.op in ("gelu", "gelu_tanh", "swiglustep_and_mul",
+                                                               "silu_and_mul_with_clamp", "situ_and_mul")],
+                         ids=lambda c: c.label)
+def test_new_033_ops_equal_vllm_native_bitwise(case, dtype):
+    op = build(case)
+    x = case.input((5, 2 * 37 if case.gated else 37), dtype)
+    assert torch.equal(op.forward_native(x), _vllm_033_native(case.op, x, op))
 
 
 def test_xielu_parameters_in_inverse_softplus_form():
@@ -299,7 +352,8 @@ CLASSES = {"silu_and_mul": act.SiluAndMul, "mul_and_silu": act.MulAndSilu, "gelu
            "gelu_fast": act.FastGELU, "quick_gelu": act.QuickGELU, "gelu_and_mul": act.GeluAndMul,
            "gelu_and_mul_sparse": act.GeluAndMulSparse, "relu2": act.ReLUSquaredActivation,
            "xielu": act.XIELU, "swigluoai_and_mul": act.SwigluOAIAndMul, "fatrelu_and_mul": act.FatreluAndMul,
-           "swiglustep_and_mul": act.SwigluStepAndMul}
+           "swiglustep_and_mul": act.SwigluStepAndMul, "silu_and_mul_with_clamp": act.SiluAndMulWithClamp,
+           "situ_and_mul": act.SituAndMul, "gelu": act.GELU, "gelu_tanh": act.GELUTanh}
 
 
 def test_the_table_covers_every_activation_op():
@@ -324,7 +378,7 @@ def test_get_act_fn():
     assert act.get_act_fn("torch.nn.modules.activation.SiLU") is silu
     assert isinstance(act.get_act_fn("torch.nn.modules.linear.Identity"), torch.nn.Identity)
     assert act.get_act_fn("gelu_pytorch_tanh").approximate == "tanh"
-    assert act.get_act_fn("gelu").approximate == "none"
+    assert isinstance(act.get_act_fn("gelu"), act.GELU)  # vLLM 0.33: the CustomOp, not nn.GELU
     for name, cls in (("gelu_new", act.NewGELU), ("gelu_fast", act.FastGELU), ("quick_gelu", act.QuickGELU),
                       ("relu2", act.ReLUSquaredActivation), ("xielu", act.XIELU), ("relu", torch.nn.ReLU),
                       ("tanh", torch.nn.Tanh), ("sigmoid", torch.nn.Sigmoid)):

@@ -36,6 +36,12 @@ _define("gelu_and_mul_sparse", "(Tensor x, float std_multiplier, str approximate
 _define("fatrelu_and_mul", "(Tensor x, float threshold) -> Tensor", act.fatrelu_and_mul, gated=True)
 _define("swigluoai_and_mul", "(Tensor x, float alpha, float limit) -> Tensor", act.swigluoai_and_mul, gated=True)
 _define("swiglustep_and_mul", "(Tensor x, float limit) -> Tensor", act.swiglustep_and_mul, gated=True)
+_define("silu_and_mul_with_clamp", "(Tensor x, float swiglu_limit, float alpha, float beta) -> Tensor",
+        act.silu_and_mul_with_clamp, gated=True)
+# linear_beta None: the up half is used as it is
+_define("situ_and_mul", "(Tensor x, float beta, float? linear_beta) -> Tensor", act.situ_and_mul, gated=True)
+_define("gelu", "(Tensor x) -> Tensor", act.gelu, gated=False)
+_define("gelu_tanh", "(Tensor x) -> Tensor", act.gelu_tanh, gated=False)
 _define("gelu_new", "(Tensor x) -> Tensor", act.gelu_new, gated=False)
 _define("gelu_fast", "(Tensor x) -> Tensor", act.gelu_fast, gated=False)
 _define("quick_gelu", "(Tensor x) -> Tensor", act.quick_gelu, gated=False)

@@ -53,7 +53,7 @@ ALIGNED_NORM = ("x_ptr", "res_ptr", "out_ptr", "w_ptr", "n_cols", "x_stride", "r
 _GATED_SIG = {"x_ptr": P, "z_ptr": P, "out_ptr": P, "w_ptr": P, "n_rows": "i32", "group_size": "i32",
               "x_stride": "i32", "z_stride": "i32", "out_stride": "i32", "eps": "fp32"}
 _AND_MUL_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
-                "gate_offset": "i32", "up_offset": "i32", "param": "fp32"}
+                "gate_offset": "i32", "up_offset": "i32", "param": "fp32", "param2": "fp32", "param3": "fp32"}
 _OAI_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
             "alpha": "fp32", "limit": "fp32"}
 _SPARSE_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
@@ -88,7 +88,8 @@ def cases():
     yield "gated group 1024 x4 rows", g, _GATED_SIG, const, 4, gal
     const = {"HAS_Z": True, "NORM_BEFORE_GATE": True, "SIGMOID": False, "SINGLE_TILE": False, "BLOCK_M": 1, "BLOCK_N": 8192}
     yield "gated looped", g, _GATED_SIG, const, 16, gal
-    for name, code in (("silu", act.SILU), ("gelu", act.GELU), ("fatrelu", act.FATRELU), ("swiglustep", act.SWIGLUSTEP)):
+    for name, code in (("silu", act.SILU), ("gelu", act.GELU), ("fatrelu", act.FATRELU), ("swiglustep", act.SWIGLUSTEP),
+                       ("silu_clamp", act.SILU_CLAMP), ("situ", act.SITU), ("situ_linear", act.SITU_LINEAR)):
         yield f"and_mul {name} 1x2048", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": code.value, "BLOCK_M": 1, "BLOCK_N": 2048}, 4, ROW_ALIGNED
     yield "and_mul silu 1x512", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": act.SILU.value, "BLOCK_M": 1, "BLOCK_N": 512}, 1, ROW_ALIGNED
     yield "and_mul silu 16x128", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": act.SILU.value, "BLOCK_M": 16, "BLOCK_N": 128}, 4, ROW_ALIGNED
@@ -98,7 +99,7 @@ def cases():
                {"APPROX_TANH": approx, "SINGLE_TILE": True, "BLOCK_M": 1, "BLOCK_N": 16384}, 32, ROW_ALIGNED)
     yield ("gelu_sparse looped", act._gelu_sparse_kernel, _SPARSE_SIG,
            {"APPROX_TANH": False, "SINGLE_TILE": False, "BLOCK_M": 1, "BLOCK_N": 8192}, 16, ROW_ALIGNED)
-    for name in ("GELU_NEW", "QUICK_GELU", "XIELU"):
+    for name in ("GELU", "GELU_NEW", "QUICK_GELU", "XIELU"):
         yield (f"unary {name.lower()} 4096", act._unary_kernel, _UNARY_SIG, {"ACT": getattr(act, name).value, "BLOCK": 4096},
                8, ("x_ptr", "out_ptr", "numel", "alpha_p_ptr", "alpha_n_ptr"))
     yield ("unary gelu_new 4096 i64 numel", act._unary_kernel, dict(_UNARY_SIG, numel="i64"),

@@ -58,6 +58,7 @@ def _input(shape, dtype, scale=2.0):
 
 
 @pytest.mark.parametrize("label", ["silu_and_mul", "mul_and_silu", "swigluoai_and_mul", "swiglustep_and_mul",
+                                   "silu_and_mul_with_clamp[1.702,1]", "situ_and_mul[4,25]",
                                    "gelu_and_mul_sparse[0.95]"])
 def test_gated_row_strided_input(label, poison_empty):
     """A slice of a wider buffer (row stride > 2d) is read in place, not copied wrong."""
@@ -80,6 +81,8 @@ TILED = {
     "silu_and_mul": lambda x, op, cfg: act._and_mul(x, act.SILU, config=cfg),
     "gelu_and_mul[tanh]": lambda x, op, cfg: act._and_mul(x, act.GELU_TANH, config=cfg),
     "swiglustep_and_mul": lambda x, op, cfg: act._and_mul(x, act.SWIGLUSTEP, param=op.limit, config=cfg),
+    "silu_and_mul_with_clamp[1.702,1]": lambda x, op, cfg: act.silu_and_mul_with_clamp(x, *kernel_args(op), config=cfg),
+    "situ_and_mul[4,25]": lambda x, op, cfg: act.situ_and_mul(x, *kernel_args(op), config=cfg),
     "swigluoai_and_mul": lambda x, op, cfg: act.swigluoai_and_mul(x, *kernel_args(op), config=cfg),
 }
 
@@ -111,6 +114,19 @@ def test_large_unary_grid_uses_several_programs(poison_empty):
     cfg = _tuning.TileConfig(1, 1024, 2)
     expected = reference(BY_LABEL["quick_gelu"], x.double(), None)
     assert_close(act._unary(x, act.QUICK_GELU, config=cfg), expected, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_situ_tanh_keeps_relative_accuracy_near_zero(dtype, poison_empty):
+    """Gate (row 0) and up (row 1) values down to 1e-30, the other half ones: the kernel's tanh has
+    no cancellation there (2 sigmoid(2v) - 1 would give 0 or whole ulps of 1 instead of ~v)."""
+    tiny = torch.logspace(-30, 0, 64, dtype=torch.float64) * torch.tensor([1.0, -1.0]).repeat(32)
+    ones = torch.ones(64, dtype=torch.float64)
+    x = torch.stack([torch.cat([tiny, ones]), torch.cat([ones, tiny])]).to(dtype)
+    out, expected = run_launcher(BY_LABEL["situ_and_mul[4,25]"], x)
+    relative = (out.double() / expected - 1).abs().max()
+    # a few fp32 roundings (tanh, sigmoid, products); a cancelling tanh is off by orders of magnitude
+    assert relative <= 8 * torch.finfo(dtype).eps, f"relative error {relative:.3g}"
 
 
 def test_gelu_and_mul_rejects_unknown_approximation():
