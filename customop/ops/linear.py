@@ -158,6 +158,15 @@ class LinearBase(CustomOp):
     def _fused_bias(self) -> torch.Tensor | None:
         return None if self.skip_bias_add else self.bias
 
+    def _check_input(self, x: torch.Tensor, want: int, what: str = "input_size") -> None:
+        """Every path checks x before the GEMM: oneDNN and F.linear fail on a wrong width with
+        errors that name neither the layer nor the argument (or, broadcast by a caller, not at all)."""
+        op = getattr(type(self), "name", type(self).__name__)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"customop.{op}: x must be a tensor, got {type(x).__name__}")
+        if x.dim() == 0 or x.shape[-1] != want:
+            raise ValueError(f"customop.{op}: x has shape {tuple(x.shape)}, expected [..., {want}] ({what})")
+
     def extra_repr(self) -> str:
         return (f"in_features={self.input_size}, output_features={self.output_size}, "
                 f"bias={self.bias is not None}, tp_size={self.tp_size}")
@@ -179,9 +188,11 @@ class ReplicatedLinear(LinearBase):
         _copy_slice(type(self).__name__, param, loaded_weight, None, 0, 0, 0)
 
     def forward_native(self, x: torch.Tensor):
+        self._check_input(x, self.input_size)
         return self._out(linear(x, self.weight, self._fused_bias()))
 
     def forward_cpu(self, x: torch.Tensor):
+        self._check_input(x, self.input_size)
         return self._out(cpu_linear(x, self.weight, self._fused_bias()))
 
 
@@ -213,9 +224,11 @@ class ColumnParallelLinear(LinearBase):
                     tp=self.tp)
 
     def forward_native(self, x: torch.Tensor):
+        self._check_input(x, self.input_size)
         return self._out(column_parallel_linear(x, self.weight, self._fused_bias(), self.tp, self.gather_output))
 
     def forward_cpu(self, x: torch.Tensor):
+        self._check_input(x, self.input_size)
         return self._out(column_parallel_linear(x, self.weight, self._fused_bias(), self.tp, self.gather_output,
                                                 gemm=cpu_linear))
 
@@ -342,12 +355,14 @@ class RowParallelLinear(LinearBase):
         return None if self.tp_rank > 0 else self._fused_bias()
 
     def _check(self, x: torch.Tensor) -> None:
-        want = self.input_size_per_partition if self.input_is_parallel else self.input_size
-        if x.shape[-1] != want:
-            raise ValueError(f"RowParallelLinear: input last dim {x.shape[-1]} != {want} "
-                             f"(input_is_parallel={self.input_is_parallel}, tp_size={self.tp_size})")
+        if self.input_is_parallel:
+            self._check_input(x, self.input_size_per_partition,
+                              f"input_size_per_partition: input_is_parallel=True, tp_size={self.tp_size}")
+        else:
+            self._check_input(x, self.input_size, "input_size: input_is_parallel=False")
 
     def forward_native(self, x: torch.Tensor):
+        self._check(x)
         return self._out(row_parallel_linear(x, self.weight, self._rank_bias(), self.tp, self.input_is_parallel,
                                              self.reduce_results))
 

@@ -8,7 +8,9 @@
 - ``SIZES``: the inputs of each tier as ``(*leading dims, hidden)``. ``"check"``: ``customop check``
   / ``assert_conforms``. ``"small"``: the paths emulated on a CPU: one row, odd rows, a 3-D input
   (15 rows: several per program), and the odd hidden size 4231 (modes per group skip it: the
-  kernels need a multiple of the group; the spec's zero padding has its own test). ``"real"``: the
+  kernels need a multiple of the group; the spec's zero padding has its own test). ``"tpu"``:
+  the TPU tier (Pallas in interpret mode, the XLA CPU device): hidden sizes in multiples of 128,
+  one row and a 3-D input of 15 rows. ``"real"``: the
   GPU tier, up to 32768 x 8192.
 - ``input``: normal values of standard deviation 3 with outliers (every 97th value x40) and
   all-zero rows (every 7th from the second), which get the minimum scale.
@@ -48,6 +50,8 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, group_size: int | None = No
     s = scale.double()
     if s.numel() == 1:
         return qf * s.reshape(())
+    if group_size is None and s.shape[-1] == q.shape[-1] > 1:  # per channel ([H] or [1, H]): every row
+        return qf * s
     if group_size is not None:
         s = s.repeat_interleave(group_size, dim=-1)[..., : q.shape[-1]]
     return qf[: s.shape[0]] * s
@@ -66,7 +70,8 @@ def compare_quant(got: Any, want: Any, dtype: torch.dtype, group_size: int | Non
     atol = float(s_ref.double().abs().max()) * _SUBNORMAL_SLACK
     assert_close(dequantize(q, s, group_size), dequantize(q_ref, s_ref, group_size), torch.float64,
                  atol=atol, rtol=0.125, what="dequantized q")
-    padded = q.shape[0] - s.shape[0] if s.numel() > 1 and s.dim() == q.dim() else 0
+    per_channel = group_size is None and s.shape[-1] == q.shape[-1] > 1
+    padded = q.shape[0] - s.shape[0] if s.numel() > 1 and s.dim() == q.dim() and not per_channel else 0
     if padded > 0 and q[s.shape[0]:].float().abs().max() != 0:
         raise AssertionError("q: padding rows are not zero")
 
@@ -179,6 +184,7 @@ KERNEL_CASES = tuple(case for i, case in enumerate(CASES)
 SIZES: dict[str, tuple[tuple[int, ...], ...]] = {
     "check": ((1, 128), (7, 4224), (5, 384)),
     "small": ((1, 128), (7, 4224), (3, 5, 384), (7, 4231)),
+    "tpu": ((1, 128), (3, 5, 384)),
     "real": ((1, 8192), (16, 8192), (7, 4224), (7, 4231), (3, 5, 1000), (256, 4096), (4096, 7168), (4096, 8192),
              (32768, 8192)),
 }

@@ -141,6 +141,16 @@ def assert_same_bits(q: torch.Tensor, expected: torch.Tensor, what: str = "q") -
                              f"at {idx}: got {got}, want {want}")
 
 
+def vllm_static_scale_shape(group_shape, given: torch.Tensor) -> tuple[int, ...]:
+    """The shape vLLM 0.33's QuantFP8 gives back for a static ``scale``: per tensor unchanged, any
+    other one-element scale ``(1, 1)``, a 1-D per-channel ``[H]`` as ``(1, H)``, the rest unchanged."""
+    if given.numel() == 1:
+        return tuple(given.shape) if group_shape.is_per_tensor() else (1, 1)
+    if group_shape.is_per_channel() and given.dim() == 1:
+        return (1, given.numel())
+    return tuple(given.shape)
+
+
 def check_against_reference(case: QuantCase, x: torch.Tensor, out, fp8: torch.dtype, kwargs: dict,
                             cast: Callable = torch_cast, ties_either_way: bool = False) -> None:
     """``out`` = ``(q, scale)`` of ``case``'s op on ``x`` (called with ``kwargs``): the scales
@@ -153,8 +163,10 @@ def check_against_reference(case: QuantCase, x: torch.Tensor, out, fp8: torch.dt
     q, scale = out
     static = case.init["static"]
     group = case.group_size
-    if static:
-        assert scale is kwargs["scale"]
+    if static:  # the caller's scale, shaped as vLLM 0.33 returns it (a view: [H] per channel -> [1, H])
+        given = kwargs["scale"]
+        assert scale.data_ptr() == given.data_ptr() and torch.equal(scale.reshape(-1), given.reshape(-1))
+        assert scale.shape == vllm_static_scale_shape(case.group_shape, given), (scale.shape, given.shape)
     else:
         want = ref_scales(case, x, fp8, kwargs.get("scale_ub"))
         assert scale.dtype == torch.float32 and scale.shape == want.shape, (scale.shape, want.shape)

@@ -116,6 +116,72 @@ def test_saturation_zero_rows_and_ue8m0_powers_of_two(fp8):
     assert (mantissa == 0.5).all(), scale  # every scale, the all-zero group's too, is a power of two
 
 
+# ---- vLLM 0.33's shapes: static scales as returned, empty inputs ------------------------------------
+
+
+def _paths(op):
+    """forward_native, forward_cpu (eager tier: these inputs are small) and forward_kernel (the
+    entry points' reference bodies on CPU tensors); positional, as forward_kernel takes them."""
+    return {"forward_native": op.forward_native, "forward_cpu": op.forward_cpu, "forward_kernel": op.forward_kernel}
+
+
+@pytest.mark.parametrize("label, x_shape, scale_shape, want", [
+    ("static per-channel", (5, 24), (24,), (1, 24)),  # vLLM 0.33: [H] comes back [1, H]
+    ("static per-channel", (2, 3, 24), (24,), (1, 24)),
+    ("static per-channel", (5, 24), (1, 24), (1, 24)),
+    ("static per-channel", (5, 1), (1,), (1, 1)),  # one element, not per tensor: (1, 1)
+    ("static per-token", (1, 24), (1, 1), (1, 1)),
+    ("static per-token", (3, 24), (3, 1), (3, 1)),
+    ("static per-tensor", (5, 24), (1,), (1,)),  # per tensor: as given
+    ("static per-tensor", (5, 24), (), ()),
+])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_static_scale_is_returned_in_vllm_033_shape(label, x_shape, scale_shape, want, dtype):
+    x = randn(*x_shape, dtype=dtype, scale=3.0)
+    scale = torch.rand(scale_shape, generator=torch.Generator().manual_seed(1)) * 0.05 + 0.01
+    op = make_op(label, torch.float8_e4m3fn)
+    q_ref = (x.double() / scale.double().reshape(scale_shape if scale.dim() else ())).clamp(-448, 448)
+    for path, run in _paths(op).items():
+        q, got = run(x, scale, None)
+        assert got.shape == want, (path, got.shape)
+        assert got.data_ptr() == scale.data_ptr() and torch.equal(got.reshape(-1), scale.reshape(-1)), path
+        assert q.shape == x.shape and q.dtype == torch.float8_e4m3fn, path
+        # q is the quantization of x by the given scale: one e4m3 rounding (2^-4 relative)
+        assert_close(q.double(), q_ref, torch.float64, atol=2**-9, rtol=2**-4, what=f"{path} q")
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (0,), (2, 0, 8), (3, 0)], ids=str)
+@pytest.mark.parametrize("fp8", FP8_DTYPES, ids=str)
+@pytest.mark.parametrize("padding", [None, 12])
+def test_dynamic_per_tensor_with_no_element(shape, fp8, padding):
+    """Empty outputs and the scale of an all-zero tensor (MIN_SCALE, shape [1]) on every path,
+    as the Triton kernel returns (its interpreter run is in the test below)."""
+    op = make_op("dynamic per-tensor", fp8)
+    op.num_token_padding = op._math["num_token_padding"] = padding
+    x = torch.empty(shape, dtype=torch.bfloat16)
+    want_q = (max(padding, shape[0]),) + shape[1:] if padding else shape
+    for path, run in _paths(op).items():
+        q, scale = run(x, None, None)
+        assert q.shape == want_q and q.dtype == fp8 and not q.float().any(), (path, q.shape)
+        assert scale.shape == (1,) and scale.dtype == torch.float32, (path, scale.shape)
+        assert scale.item() == torch.tensor(fp8_min_scale(fp8), dtype=torch.float32).item(), path
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("shape", [(0, 8), (2, 0, 8)], ids=str)
+def test_dynamic_per_tensor_with_no_element_on_the_triton_kernel(shape):
+    from customop.backends.triton import quant as triton_quant
+    from tests.backends.triton.conftest import as_cpu_kernel
+
+    op = make_op("dynamic per-tensor", torch.float8_e4m3fn)
+    x = torch.empty(shape, dtype=torch.float16)
+    want_q, want_scale = op.forward_native(x)
+    with as_cpu_kernel("customop::dynamic_scaled_fp8_quant", triton_quant.dynamic_scaled_fp8_quant) as calls:
+        q, scale = op.forward_kernel(x, None, None)
+    assert calls and q.shape == want_q.shape and q.dtype == want_q.dtype
+    assert scale.shape == want_scale.shape and torch.equal(scale, want_scale)
+
+
 # ---- the kernel wiring (forward_cuda on CPU tensors runs the entry points' reference bodies) -------
 
 

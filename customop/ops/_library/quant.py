@@ -28,6 +28,13 @@ def _scale_shape(x: Tensor, last: int) -> tuple[int, ...]:
     return tuple(x.shape[:-1]) + (last,)
 
 
+def _check_scale_ub(op: str, scale_ub: Tensor | None) -> None:
+    """Before any reshape of it: a cap with more than one element would otherwise fail inside the
+    math as ``shape '[]' is invalid``, naming neither the op nor the argument."""
+    if scale_ub is not None and scale_ub.numel() != 1:
+        raise ValueError(f"customop::{op}: scale_ub must have one element, got shape {tuple(scale_ub.shape)}")
+
+
 def _check_groups(x: Tensor, group_size: int) -> int:
     if group_size < 1 or x.dim() < 2 or x.shape[-1] % group_size:
         raise ValueError(f"customop::per_token_group_fp8_quant: x of shape {tuple(x.shape)} must be [T, H] "
@@ -52,7 +59,10 @@ def _(x: Tensor, scale: Tensor, out_dtype: torch.dtype, fp8_max: float) -> Tenso
 @torch.library.custom_op("customop::dynamic_scaled_fp8_quant", mutates_args=())
 def dynamic_scaled_fp8_quant(x: Tensor, out_dtype: torch.dtype, fp8_max: float,
                              min_scale: float) -> tuple[Tensor, Tensor]:
-    """Dynamic per-tensor: ``(q, scale)``, scale shape ``[1]``."""
+    """Dynamic per-tensor: ``(q, scale)``, scale shape ``[1]``; no element: empty ``q``, ``min_scale``."""
+    if x.numel() == 0:  # the amax of nothing is 0 (max() would raise), as the Triton kernel does
+        return x.new_empty(x.shape, dtype=out_dtype), torch.full((1,), min_scale, dtype=torch.float32,
+                                                                 device=x.device)
     q, scale = qm.dynamic_scaled_fp8_quant(x, out_dtype, fp8_max, min_scale)
     return q.contiguous(), scale
 
@@ -67,6 +77,7 @@ def dynamic_per_token_scaled_fp8_quant(x: Tensor, scale_ub: Tensor | None, out_d
                                        min_scale: float) -> tuple[Tensor, Tensor]:
     """Dynamic per-token on ``x [T, H]``: ``(q, scale [T, 1])``; ``scale_ub`` (one element) caps
     each row's amax."""
+    _check_scale_ub("dynamic_per_token_scaled_fp8_quant", scale_ub)
     q, scale = qm.dynamic_per_token_scaled_fp8_quant(x, scale_ub, out_dtype, fp8_max, min_scale)
     return q.contiguous(), scale.contiguous()
 
@@ -74,6 +85,7 @@ def dynamic_per_token_scaled_fp8_quant(x: Tensor, scale_ub: Tensor | None, out_d
 @dynamic_per_token_scaled_fp8_quant.register_fake
 def _(x: Tensor, scale_ub: Tensor | None, out_dtype: torch.dtype, fp8_max: float,
       min_scale: float) -> tuple[Tensor, Tensor]:
+    _check_scale_ub("dynamic_per_token_scaled_fp8_quant", scale_ub)
     return x.new_empty(x.shape, dtype=out_dtype), x.new_empty(_scale_shape(x, 1), dtype=torch.float32)
 
 
@@ -110,6 +122,7 @@ def rms_norm_dynamic_per_token_fp8_quant(x: Tensor, weight: Tensor | None, eps: 
                                          min_scale: float) -> tuple[Tensor, Tensor]:
     """RMSNorm of ``x [T, H]`` (optional ``weight [H]``) then dynamic per-token quant:
     ``(q, scale [T, 1])``."""
+    _check_scale_ub("rms_norm_dynamic_per_token_fp8_quant", scale_ub)
     q, scale = qm.rms_norm_dynamic_per_token_fp8_quant(x, weight, eps, scale_ub, out_dtype, fp8_max, min_scale)
     return q.contiguous(), scale.contiguous()
 
@@ -117,4 +130,5 @@ def rms_norm_dynamic_per_token_fp8_quant(x: Tensor, weight: Tensor | None, eps: 
 @rms_norm_dynamic_per_token_fp8_quant.register_fake
 def _(x: Tensor, weight: Tensor | None, eps: float, scale_ub: Tensor | None, out_dtype: torch.dtype,
       fp8_max: float, min_scale: float) -> tuple[Tensor, Tensor]:
+    _check_scale_ub("rms_norm_dynamic_per_token_fp8_quant", scale_ub)
     return x.new_empty(x.shape, dtype=out_dtype), x.new_empty(_scale_shape(x, 1), dtype=torch.float32)

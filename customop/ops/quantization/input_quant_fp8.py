@@ -17,6 +17,7 @@ Paths:
 
 from __future__ import annotations
 
+from math import prod
 from typing import Any
 
 import torch
@@ -58,6 +59,7 @@ def quant_fp8(x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tenso
     if scale is not None:
         full = qm.static_group_scales(scale, group_shape.col, x.shape[-1]) if group_shape.is_per_group() else scale
         q = math.scaled_fp8_quant(x, full, fp8_dtype, fp8_max)
+        scale = returned_static_scale(scale, group_shape)
     elif group_shape.is_per_group():
         q, scale = math.per_token_group_fp8_quant(x, group_shape.col, column_major_scales, use_ue8m0,
                                                   fp8_dtype, fp8_max, min_scale)
@@ -65,9 +67,30 @@ def quant_fp8(x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tenso
             scale = qm.tma_align_scales(scale)
     elif group_shape.is_per_token():
         q, scale = math.dynamic_per_token_scaled_fp8_quant(x, scale_ub, fp8_dtype, fp8_max, min_scale)
+    elif x.numel() == 0:  # max() of no element raises; the amax of nothing is 0, as for zeros
+        q, scale = empty_per_tensor_quant(x, fp8_dtype, min_scale)
     else:
         q, scale = math.dynamic_scaled_fp8_quant(x, fp8_dtype, fp8_max, min_scale)
     return qm.pad_tokens(q, num_token_padding), scale
+
+
+def empty_per_tensor_quant(x: torch.Tensor, fp8_dtype: torch.dtype, min_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-tensor quant of a tensor with no element: an empty ``q`` and the scale of an
+    all-zero tensor, ``max(0 / MAX, MIN_SCALE) = MIN_SCALE``, shape ``[1]`` (the Triton kernel
+    returns the same)."""
+    return x.new_empty(x.shape, dtype=fp8_dtype), torch.full((1,), min_scale, dtype=torch.float32, device=x.device)
+
+
+def returned_static_scale(scale: torch.Tensor, group_shape: GroupShape) -> torch.Tensor:
+    """The scale a static call returns, shaped as vLLM 0.33's ``QuantFP8`` returns it (a view of
+    the caller's tensor, never a copy): per tensor as given; any other one-element scale as
+    ``[1, 1]``; a 1-D per-channel ``[H]`` as ``[1, H]``; the rest as given. Downstream GEMMs tell
+    per-tensor from per-channel activations by the scale's rank."""
+    if scale.numel() == 1:
+        return scale if group_shape.is_per_tensor() else scale.view(1, 1)
+    if scale.dim() == 1 and group_shape.is_per_channel():
+        return scale.unsqueeze(0)
+    return scale
 
 
 def _quant_fp8_in_place_steps(x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tensor | None,
@@ -101,7 +124,10 @@ class QuantFP8(CustomOp):
     """``QuantFP8(static, group_shape, ...)``; ``forward(x, scale=None, scale_ub=None) -> (q, scale)``.
 
     - ``static``: the caller passes ``scale`` (float32; numel 1 per tensor, ``[..., T, 1]`` per
-      token, ``[H]`` per channel, ``[..., T, ceil(H/G)]`` per group); else it is computed.
+      token, ``[H]`` or ``[1, H]`` per channel, ``[..., T, ceil(H/G)]`` per group); else it is
+      computed. The returned scale is the caller's, reshaped as vLLM 0.33 does
+      (``returned_static_scale``: ``[H]`` per channel comes back ``[1, H]``).
+    - dynamic per-tensor on an input with no element returns an empty ``q`` and ``MIN_SCALE``.
     - ``scale_ub`` (dynamic per-token only, one element) caps each row's amax.
     - ``num_token_padding``: ``q``'s leading dim is zero-padded up to it (the scale is not).
     - per group only: ``column_major_scales``, ``tma_aligned_scales`` (the column-major storage's
@@ -171,9 +197,10 @@ class QuantFP8(CustomOp):
             return self.forward_native(x, scale, scale_ub)  # static non-scalar scales: no kernel
         ops = torch.ops.customop
         lead, hidden = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, hidden).contiguous()
+        x2 = x.reshape(prod(lead), hidden).contiguous()  # not -1: ambiguous when hidden is 0
         if scale is not None:
             q = ops.static_scaled_fp8_quant(x2, scale, self.fp8_dtype, self.fp8_max)
+            scale = returned_static_scale(scale, self.group_shape)
         elif self.is_group_quant:
             q, scale = ops.per_token_group_fp8_quant(x2, self.group_shape.col, self.column_major_scales,
                                                      self.use_ue8m0, self.fp8_dtype, self.fp8_max, self.min_scale)
