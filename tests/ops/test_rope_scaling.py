@@ -73,8 +73,9 @@ CLASSES = {
                         get_mscale64(4.0, 0.707) / get_mscale64(4.0, 1.0))),
     "mrope": (lambda dt: MRotaryEmbedding(D, D, ORIG, BASE, True, dt, [8, 12, 12]),
               lambda: table64(torch.arange(4 * ORIG), inv_freq64(BASE, D))),
-    "mrope-positions_factor-2": (lambda dt: MRotaryEmbedding(D, D, ORIG, BASE, True, dt, [8, 12, 12], positions_factor=2),
-                                 lambda: table64(torch.arange(2 * ORIG), inv_freq64(BASE, D))),
+    "mrope-positions_factor-2": (
+        lambda dt: MRotaryEmbedding(D, D, ORIG, BASE, True, dt, [8, 12, 12], positions_factor=2),
+        lambda: table64(torch.arange(2 * ORIG), inv_freq64(BASE, D))),
     # YaRN's correction range and the rows come from the enlarged (positions_factor x) context
     "mrope-yarn": (
         lambda dt: MRotaryEmbedding(D, D, ORIG, BASE, True, dt, [8, 12, 12], scaling_factor=2.0),

@@ -75,7 +75,8 @@ class ApplyRotaryEmb(CustomOp):
         dtype = torch.float32 if self.enable_fp32_compute else x.dtype
         seq_len, head_size = x.shape[-3], x.shape[-1]
         positions = torch.arange(seq_len, device=x.device).expand(*x.shape[:-3], seq_len).flatten()
-        flat = x.reshape(positions.shape[0], x.shape[-2] * head_size).to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
+        flat = x.reshape(positions.shape[0], x.shape[-2] * head_size)  # not -1: an empty batch has no size to infer
+        flat = flat.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
         cache = torch.cat((cos, sin), dim=-1).to(dtype)
         torch.ops.customop.rotary_embedding(positions, flat, None, head_size, cache, self.is_neox_style)
         return flat.view(x.shape).to(x.dtype)

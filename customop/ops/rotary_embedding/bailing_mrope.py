@@ -50,4 +50,4 @@ class BailingMRotaryEmbedding(MRotaryEmbedding):
             raise ValueError(f"{op}: key is required")
         return super().forward_native(positions, query, key, offsets)
 
-    forward_cpu = forward_cuda = forward_hip = forward_xpu = forward_tpu = forward_native
+    forward_cpu = forward_cuda = forward_hip = forward_xpu = forward_tpu = forward_kernel = forward_native

@@ -62,4 +62,4 @@ class Llama4VisionRotaryEmbedding(RotaryEmbedding):
         return rotate(query), rotate(key)
 
     # Native everywhere: these names replace RotaryEmbedding's kernel paths.
-    forward_cpu = forward_cuda = forward_hip = forward_xpu = forward_tpu = forward_native
+    forward_cpu = forward_cuda = forward_hip = forward_xpu = forward_tpu = forward_kernel = forward_native

@@ -107,4 +107,4 @@ class MRotaryEmbedding(RotaryEmbedding):
         return query, key
 
     # Native everywhere: these names replace RotaryEmbedding's kernel paths.
-    forward_cpu = forward_cuda = forward_hip = forward_xpu = forward_tpu = forward_native
+    forward_cpu = forward_cuda = forward_hip = forward_xpu = forward_tpu = forward_kernel = forward_native

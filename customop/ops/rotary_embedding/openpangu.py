@@ -74,4 +74,4 @@ class MRotaryEmbeddingInterleaved(MRotaryEmbedding):
             key = common.rotate_heads(key, cos, sin, self.head_size, self.is_neox_style)
         return query, key
 
-    forward_cpu = forward_cuda = forward_hip = forward_xpu = forward_tpu = forward_native
+    forward_cpu = forward_cuda = forward_hip = forward_xpu = forward_tpu = forward_kernel = forward_native
