@@ -1,10 +1,11 @@
-"""`import customop` stays light: no triton, jax, torch_xla or IPEX until a backend is used."""
+"""`import customop` stays light: no triton, jax, torch_xla, IPEX or transformers until a backend
+(or the transformers integration's caller) brings them."""
 
 import subprocess
 import sys
 import textwrap
 
-BLOCKED = ("triton", "jax", "jaxlib", "torch_xla", "intel_extension_for_pytorch")
+BLOCKED = ("triton", "jax", "jaxlib", "torch_xla", "intel_extension_for_pytorch", "transformers")
 
 SCRIPT = textwrap.dedent(f"""
     import sys
@@ -34,6 +35,9 @@ SCRIPT = textwrap.dedent(f"""
             op(*sample.args, **sample.kwargs)
             ran += 1
     print("NATIVE SAMPLES", ran)
+    # the transformers integration recognises modules by name: it never imports transformers
+    from customop.integrations.transformers import patch
+    assert patch(torch.nn.Sequential(torch.nn.Linear(2, 2))) == {{}}
     loaded = sorted(m for m, mod in sys.modules.items() if mod is not None and m.split(".")[0] in BLOCKED)
     assert not loaded, loaded
     print("PLATFORM", platform.name)
