@@ -29,7 +29,9 @@ from __future__ import annotations
 import importlib.util
 
 from customop.backends.tpu.activation import ACTIVATIONS, act_and_mul, gelu_and_mul, silu_and_mul
-from customop.backends.tpu.layernorm import gemma_rms_norm, rms_norm, rms_norm_gated
+from customop.backends.tpu.layernorm import (
+    fused_rms_norm_gated, gemma_rms_norm, layer_norm, nemotron_layer_norm, rms_norm, rms_norm_gated,
+)
 from customop.backends.tpu.quant import fp8_max, per_group_quant_fp8, per_tensor_quant_fp8, per_token_quant_fp8
 from customop.backends.tpu.rotary import rotary_embedding
 from customop.backends.tpu.tiling import use_interpret
@@ -38,8 +40,11 @@ __all__ = [
     "ACTIVATIONS",
     "act_and_mul",
     "fp8_max",
+    "fused_rms_norm_gated",
     "gelu_and_mul",
     "gemma_rms_norm",
+    "layer_norm",
+    "nemotron_layer_norm",
     "per_group_quant_fp8",
     "per_tensor_quant_fp8",
     "per_token_quant_fp8",

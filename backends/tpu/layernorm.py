@@ -1,4 +1,6 @@
-"""RMS norms as Pallas kernels: RMSNorm (+ fused residual add), GemmaRMSNorm, RMSNormGated.
+"""Norms as Pallas kernels: RMSNorm (+ fused residual add), GemmaRMSNorm, RMSNormGated, the layer
+norms (vLLM's LayerNorm; Nemotron's ``1 + w`` LayerNorm1P, + fused residual add) and
+FusedRMSNormGated (+ fused residual add).
 
 Pure JAX (no torch). Each kernel keeps whole rows in VMEM, so a row is read once, reduced and
 rescaled, and written once; XLA's own lowering of the same math needs a reduction fusion and a
@@ -209,3 +211,164 @@ def _rms_norm_gated_jit(x, weight, z, *, eps, group_size, norm_before_gate, acti
         name=f"customop_{op}",
     )(*arrays)
     return out.reshape(x.shape)
+
+
+# ---- layer norms ------------------------------------------------------------------------------------
+
+
+def _layer_norm_kernel(*refs, eps: float, has_weight: bool, has_bias: bool, has_residual: bool, one_plus: bool):
+    refs = list(refs)
+    x_ref = refs.pop(0)
+    res_ref = refs.pop(0) if has_residual else None
+    w_ref = refs.pop(0) if has_weight else None
+    b_ref = refs.pop(0) if has_bias else None
+    out_ref = refs.pop(0)
+    res_out_ref = refs.pop(0) if has_residual else None
+
+    h = x_ref[...].astype(jnp.float32)
+    if has_residual:
+        # Nemotron adds in x's dtype: the sum is rounded there before it is normalised.
+        h = (h + res_ref[...].astype(jnp.float32)).astype(x_ref.dtype).astype(jnp.float32)
+        res_out_ref[...] = h.astype(res_out_ref.dtype)
+    centred = h - jnp.mean(h, axis=-1, keepdims=True)
+    y = centred * lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + eps)
+    if has_weight:
+        w = w_ref[...]
+        if one_plus:
+            w = w + jnp.asarray(1, w.dtype)  # 1 + w in w's dtype, as Nemotron forms it
+        y = y * w.astype(jnp.float32)
+    if has_bias:
+        y = y + b_ref[...].astype(jnp.float32)
+    out_ref[...] = y.astype(out_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("op", "eps", "one_plus", "block_rows", "interpret"))
+def _layer_norm_jit(x, weight, bias, residual, *, op, eps, one_plus, block_rows, interpret):
+    hidden = x.shape[-1] if x.ndim else 0
+    for arg, p in (("weight", weight), ("bias", bias)):
+        if p is not None:
+            tiling.check_last_dim(op, arg, p, hidden)
+            if p.ndim != 1:
+                raise ValueError(f"customop.backends.tpu.{op}: {arg} must be 1-D [{hidden}], got {tuple(p.shape)}")
+    if residual is not None:
+        tiling.check_same_shape(op, "residual", residual, x)
+    rows = x.size // hidden if hidden else 0
+    n_out = 2 if residual is not None else 1
+    if rows == 0:
+        outs = tuple(jnp.zeros(x.shape, x.dtype) for _ in range(n_out))
+        return outs if residual is not None else outs[0]
+    arrays = [x.reshape(rows, hidden)] + ([residual.reshape(rows, hidden)] if residual is not None else [])
+    row_arrays = len(arrays)
+    params = [p.reshape(1, hidden) for p in (weight, bias) if p is not None]
+    row_bytes = [hidden * x.dtype.itemsize] * (row_arrays + n_out)
+    block = tiling.row_block(op, rows, tiling.bytes_per_row(*row_bytes, f32_temps=3, width=hidden), block_rows)
+    row_spec = pl.BlockSpec((block, hidden), lambda i: (i, 0))
+    kernel = functools.partial(_layer_norm_kernel, eps=eps, has_weight=weight is not None, has_bias=bias is not None,
+                               has_residual=residual is not None, one_plus=one_plus)
+    outs = pl.pallas_call(
+        kernel,
+        out_shape=[jax.ShapeDtypeStruct((rows, hidden), x.dtype)] * n_out,
+        grid=tiling.grid_for(rows, block),
+        in_specs=[row_spec] * row_arrays + [pl.BlockSpec((1, hidden), lambda i: (0, 0))] * len(params),
+        out_specs=[row_spec] * n_out,
+        compiler_params=tiling.row_parallel(),
+        interpret=interpret,
+        name=f"customop_{op}",
+    )(*arrays, *params)
+    outs = tuple(o.reshape(x.shape) for o in outs)
+    return outs if residual is not None else outs[0]
+
+
+def layer_norm(x: jax.Array, weight: jax.Array | None, bias: jax.Array | None = None, eps: float = 1e-5,
+               *, block_rows: int | None = None, interpret: bool | None = None) -> jax.Array:
+    """vLLM's LayerNorm over the last dim: ``(x - mean) / sqrt(var + eps) * w + b`` (biased
+    variance), computed in fp32 and returned in ``x.dtype``; weight and bias are optional."""
+    return _layer_norm_jit(x, weight, bias, None, op="layer_norm", eps=float(eps), one_plus=False,
+                           block_rows=block_rows, interpret=tiling.resolve_interpret(interpret))
+
+
+def nemotron_layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array | None = None, eps: float = 1e-5,
+                        residual: jax.Array | None = None, *, block_rows: int | None = None,
+                        interpret: bool | None = None):
+    """Nemotron's LayerNorm1P: the layer norm with the weight ``1 + w`` (formed in w's dtype).
+    With ``residual`` returns ``(norm(h), h)`` for ``h = x + residual`` added in x's dtype."""
+    return _layer_norm_jit(x, weight, bias, residual, op="nemotron_layer_norm", eps=float(eps), one_plus=True,
+                           block_rows=block_rows, interpret=tiling.resolve_interpret(interpret))
+
+
+# ---- FusedRMSNormGated (the KDA output norm) ---------------------------------------------------------
+
+
+def _fused_gated_kernel(*refs, eps: float, has_weight: bool, has_residual: bool, sigmoid: bool):
+    refs = list(refs)
+    x_ref, g_ref = refs.pop(0), refs.pop(0)
+    res_ref = refs.pop(0) if has_residual else None
+    w_ref = refs.pop(0) if has_weight else None
+    out_ref = refs.pop(0)
+    res_out_ref = refs.pop(0) if has_residual else None
+
+    s = x_ref[...].astype(jnp.float32)
+    if has_residual:
+        s = s + res_ref[...].astype(jnp.float32)
+        res_out_ref[...] = s.astype(res_out_ref.dtype)
+    y = s * lax.rsqrt(jnp.mean(s * s, axis=-1, keepdims=True) + eps)
+    if has_weight:
+        y = y * w_ref[...].astype(jnp.float32)
+    g = g_ref[...].astype(jnp.float32)
+    y = y * jax.nn.sigmoid(g) if sigmoid else y * g * jax.nn.sigmoid(g)
+    out_ref[...] = y.astype(out_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "sigmoid", "block_rows", "interpret"))
+def _fused_gated_jit(x, g, weight, residual, *, eps, sigmoid, block_rows, interpret):
+    op = "fused_rms_norm_gated"
+    hidden = x.shape[-1] if x.ndim else 0
+    tiling.check_same_shape(op, "g", g, x)
+    if weight is not None:
+        tiling.check_last_dim(op, "weight", weight, hidden)
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise ValueError(f"customop.backends.tpu.{op}: residual has shape {residual.shape}, expected {x.shape}")
+    rows = x.size // hidden if hidden else 0
+    if rows == 0:
+        y = jnp.zeros(x.shape, x.dtype)
+        return y if residual is None else (y, jnp.zeros(residual.shape, residual.dtype))
+    arrays = [x.reshape(rows, hidden), g.reshape(rows, hidden)]
+    if residual is not None:
+        arrays.append(residual.reshape(rows, hidden))
+    row_arrays = len(arrays)
+    if weight is not None:
+        arrays.append(weight.reshape(1, hidden))
+    out_shape = [jax.ShapeDtypeStruct((rows, hidden), x.dtype)]
+    if residual is not None:
+        out_shape.append(jax.ShapeDtypeStruct((rows, hidden), residual.dtype))
+    row_bytes = [hidden * a.dtype.itemsize for a in arrays[:row_arrays]] + [hidden * o.dtype.itemsize for o in out_shape]
+    block = tiling.row_block(op, rows, tiling.bytes_per_row(*row_bytes, f32_temps=3, width=hidden), block_rows)
+    row_spec = pl.BlockSpec((block, hidden), lambda i: (i, 0))
+    kernel = functools.partial(_fused_gated_kernel, eps=eps, has_weight=weight is not None,
+                               has_residual=residual is not None, sigmoid=sigmoid)
+    outs = pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid=tiling.grid_for(rows, block),
+        in_specs=[row_spec] * row_arrays + ([pl.BlockSpec((1, hidden), lambda i: (0, 0))] if weight is not None else []),
+        out_specs=[row_spec] * len(out_shape),
+        compiler_params=tiling.row_parallel(),
+        interpret=interpret,
+        name=f"customop_{op}",
+    )(*arrays)
+    outs = tuple(o.reshape(x.shape) for o in outs)
+    return outs if residual is not None else outs[0]
+
+
+def fused_rms_norm_gated(x: jax.Array, g: jax.Array, weight: jax.Array | None = None, eps: float = 1e-5,
+                         residual: jax.Array | None = None, *, activation: str = "swish",
+                         block_rows: int | None = None, interpret: bool | None = None):
+    """vLLM's FusedRMSNormGated, all in fp32: ``rms(s) * w`` then ``* g * sigmoid(g)``
+    (``"swish"``/``"silu"``) or ``* sigmoid(g)``, returned in ``x.dtype``; ``s = x``, or with
+    ``residual`` the fp32 ``x + residual``, when it returns ``(y, s in residual's dtype)``."""
+    if activation not in ("swish", "silu", "sigmoid"):
+        raise ValueError(f"customop.backends.tpu.fused_rms_norm_gated: activation={activation!r} is not swish, "
+                         "silu or sigmoid")
+    return _fused_gated_jit(x, g, weight, residual, eps=float(eps), sigmoid=activation == "sigmoid",
+                            block_rows=block_rows, interpret=tiling.resolve_interpret(interpret))

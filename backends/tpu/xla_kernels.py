@@ -11,7 +11,9 @@ stay on the XLA device and ``torch.compile(backend="openxla")`` sees one node pe
 What runs what (docs/tpu.md has the table):
 
 - Pallas kernels: ``rms_norm``, ``fused_add_rms_norm``, ``gemma_rms_norm``,
-  ``gemma_fused_add_rms_norm``, ``rms_norm_gated``, ``rotary_embedding``,
+  ``gemma_fused_add_rms_norm``, ``rms_norm_gated``, ``layer_norm``, ``nemotron_layer_norm``,
+  ``fused_add_nemotron_layer_norm``, ``fused_rms_norm_gated``, ``fused_add_rms_norm_gated``,
+  ``rotary_embedding``,
   ``dynamic_per_token_scaled_fp8_quant``, ``per_token_group_fp8_quant``;
 - a fused JAX function (no Pallas): ``dynamic_scaled_fp8_quant`` (the reference's whole-tensor
   amax, written ``.amax()``, came back unreduced from torch_xla 2.9) and the three norm backward
@@ -160,6 +162,42 @@ def rms_norm_gated(x: Tensor, weight: Tensor, z: Tensor | None, eps: float, grou
                    norm_before_gate=norm_before_gate, activation="sigmoid" if sigmoid else "silu")
 
 
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    if not _takes(x, weight, bias):
+        return _spec(norm_math.layer_norm, x, weight, bias, eps)
+    return _pallas(layernorm.layer_norm, x, weight, bias, eps)
+
+
+def nemotron_layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+    if not _takes(x, weight, bias):
+        return _spec(norm_math.nemotron_layer_norm, x, weight, bias, eps)
+    return _pallas(layernorm.nemotron_layer_norm, x, weight, bias, eps)
+
+
+def fused_add_nemotron_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor | None,
+                                  eps: float) -> None:
+    if _takes(x, residual, weight, bias):
+        y, h = _pallas(layernorm.nemotron_layer_norm, x, weight, bias, eps, residual)
+    else:
+        y, h = _spec(norm_math.fused_add_nemotron_layer_norm, x, residual, weight, bias, eps)
+    residual.copy_(h)
+    x.copy_(y)
+
+
+def fused_rms_norm_gated(x: Tensor, g: Tensor, weight: Tensor | None, eps: float, sigmoid: bool) -> Tensor:
+    if not _takes(x, g, weight):
+        return _spec(norm_math.fused_rms_norm_gated, x, g, weight, eps, sigmoid)
+    return _pallas(layernorm.fused_rms_norm_gated, x, g, weight, eps, activation="sigmoid" if sigmoid else "silu")
+
+
+def fused_add_rms_norm_gated(x: Tensor, g: Tensor, residual: Tensor, weight: Tensor | None, eps: float,
+                             sigmoid: bool) -> tuple[Tensor, Tensor]:
+    if not _takes(x, g, residual, weight):
+        return _spec(norm_math.fused_add_rms_norm_gated, x, g, residual, weight, eps, sigmoid)
+    return tuple(_pallas(layernorm.fused_rms_norm_gated, x, g, weight, eps, residual,
+                         activation="sigmoid" if sigmoid else "silu"))
+
+
 def rms_norm_backward(grad_y: Tensor, x: Tensor, weight: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
     if not _takes(grad_y, x, weight):
         return _spec(norm_vjp.rms_norm_vjp, grad_y, x, weight, eps)
@@ -271,6 +309,11 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "gemma_rms_norm": gemma_rms_norm,
     "gemma_fused_add_rms_norm": gemma_fused_add_rms_norm,
     "rms_norm_gated": rms_norm_gated,
+    "layer_norm": layer_norm,
+    "nemotron_layer_norm": nemotron_layer_norm,
+    "fused_add_nemotron_layer_norm": fused_add_nemotron_layer_norm,
+    "fused_rms_norm_gated": fused_rms_norm_gated,
+    "fused_add_rms_norm_gated": fused_add_rms_norm_gated,
     "rms_norm_backward": rms_norm_backward,
     "gemma_rms_norm_backward": gemma_rms_norm_backward,
     "rms_norm_gated_backward": rms_norm_gated_backward,
@@ -280,7 +323,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "per_token_group_fp8_quant": per_token_group_fp8_quant,
 }
 #: The ops that mutate their arguments (see the module docstring).
-IN_PLACE = ("fused_add_rms_norm", "gemma_fused_add_rms_norm", "rotary_embedding")
+IN_PLACE = ("fused_add_rms_norm", "gemma_fused_add_rms_norm", "fused_add_nemotron_layer_norm", "rotary_embedding")
 
 
 # ---- registration ------------------------------------------------------------------------------------
