@@ -17,12 +17,19 @@ The chunk table (start, end, request of every chunk) is built on the device from
 ``query_start_loc`` with a static upper bound of ``T // chunk_size + requests`` chunks; programs of
 chunks past the real count exit at once. No host sync, so the op can be captured in a CUDA graph.
 
-Matmuls take fp32 operands with ``input_precision="ieee"``: TF32 would cost the fp32 path its
-accuracy against the spec (a GPU tuning could try "tf32x3"). The passed states are kept in fp32;
-the cache gets the final state in its own dtype. Offsets into the tokens and the cache are int64.
+Matmul precision follows the input dtype (``DOT``): fp32 inputs multiply fp32 operands with
+``input_precision="ieee"`` (TF32 would cost the fp32 path its accuracy against the spec);
+bf16/fp16 inputs round each operand to the input dtype and run on the tensor cores with fp32
+accumulation, as vLLM's SSD kernels do (the fp32 FMA form measured 3.6-3.9x slower than eager
+PyTorch on the H200 at Mamba-2 2.7B shapes, 2026-12-01). Under the Triton interpreter, which
+multiplies bf16 tiles as integers (triton 3.7.1), the same rounding is applied and the product
+taken in fp32. The passed states are kept in fp32; the cache gets the final state in its own
+dtype. Offsets into the tokens and the cache are int64.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -32,7 +39,26 @@ from customop.backends.triton._common import device_guard, next_pow2, softplus
 
 #: tokens per matmul block of steps 2 and 4
 BLOCK_L = 32
-DOT = "ieee"
+#: the Triton mode is fixed for the process when a kernel is decorated (i.e. at this import)
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def dot_mode(dtype: torch.dtype) -> str:
+    """``ieee`` (fp32 operands), ``mma`` (operands rounded to the 16-bit input dtype, tensor
+    cores) or ``mma_emulated`` (the same rounding, fp32 product: the interpreter)."""
+    if dtype == torch.float32:
+        return "ieee"
+    return "mma_emulated" if _INTERPRETED else "mma"
+
+
+@triton.jit
+def _mm(a, b, op_dtype, DOT: tl.constexpr):
+    if DOT == "ieee":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif DOT == "mma":
+        return tl.dot(a.to(op_dtype), b.to(op_dtype))
+    else:
+        return tl.dot(a.to(op_dtype).to(tl.float32), b.to(op_dtype).to(tl.float32), input_precision="ieee")
 
 
 @triton.jit
@@ -74,10 +100,10 @@ def _chunk_state_kernel(x_ptr, b_ptr, delta_ptr, acum_ptr, states_ptr, cstart_pt
             scale = tl.exp(a_last - tl.load(acum_ptr + t * n_heads + h, mask=ok, other=0.0)) \
                 * tl.load(delta_ptr + t * n_heads + h, mask=ok, other=0.0)
             x = tl.load(x_ptr + t[:, None] * sx_t + h * sx_h + p[None, :] * sx_p, mask=ok[:, None] & p_ok[None, :],
-                        other=0.0).to(tl.float32)
+                        other=0.0)
             B = tl.load(b_ptr + t[:, None] * sb_t + g * sb_g + n[None, :] * sb_n, mask=ok[:, None] & n_ok[None, :],
                         other=0.0).to(tl.float32)
-            acc += tl.dot(tl.trans(x), B * scale[:, None], input_precision=DOT)
+            acc += _mm(tl.trans(x), B * scale[:, None], x_ptr.dtype.element_ty, DOT)
         out = states_ptr + ((c * n_heads + h).to(tl.int64) * head_dim + p[:, None]) * state_size + n[None, :]
         tl.store(out, acc, mask=p_ok[:, None] & n_ok[None, :])
 
@@ -126,7 +152,7 @@ def _chunk_scan_kernel(x_ptr, b_ptr, c_ptr, d_ptr, delta_ptr, acum_ptr, h_in_ptr
                     other=0.0).to(tl.float32)
         h_in = tl.load(h_in_ptr + ((c * n_heads + h).to(tl.int64) * head_dim + p[None, :]) * state_size + n[:, None],
                        mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (N, P)
-        acc = tl.dot(C, h_in, input_precision=DOT) * tl.exp(a_m)[:, None]
+        acc = _mm(C, h_in, x_ptr.dtype.element_ty, DOT) * tl.exp(a_m)[:, None]
         for k0 in range(start, tl.minimum(end, m0 + BLOCK_M), BLOCK_L):  # source tokens up to the block's last
             tk = k0 + tl.arange(0, BLOCK_L)
             k_ok = tk < end
@@ -136,11 +162,11 @@ def _chunk_scan_kernel(x_ptr, b_ptr, c_ptr, d_ptr, delta_ptr, acum_ptr, h_in_ptr
             a_k = tl.load(acum_ptr + tk64 * n_heads + h, mask=k_ok, other=0.0)
             causal = (tk[None, :] <= tm[:, None]) & k_ok[None, :]
             decay = tl.exp(tl.where(causal, a_m[:, None] - a_k[None, :], float("-inf")))
-            scores = tl.dot(C, tl.trans(B), input_precision=DOT) * decay \
+            scores = _mm(C, tl.trans(B), x_ptr.dtype.element_ty, DOT) * decay \
                 * tl.load(delta_ptr + tk64 * n_heads + h, mask=k_ok, other=0.0)[None, :]
             x = tl.load(x_ptr + tk64[:, None] * sx_t + h * sx_h + p[None, :] * sx_p,
                         mask=k_ok[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
-            acc += tl.dot(scores, x, input_precision=DOT)
+            acc += _mm(scores, x, x_ptr.dtype.element_ty, DOT)
         x_m = tl.load(x_ptr + tm64[:, None] * sx_t + h * sx_h + p[None, :] * sx_p, mask=m_ok[:, None] & p_ok[None, :],
                       other=0.0).to(tl.float32)
         if HAS_D:
@@ -192,20 +218,21 @@ def ssd_chunk_scan(x, dt, A, B, C, D, dt_bias, ssm_states, query_start_loc, cach
     # the chunk state's (P x N) accumulator: 64 x 128 spilled at 8 warps on sm_90, 32 x 128 did not
     state_p = min(block_p, 32) if block_n >= 128 else block_p
     slots, init = cache_indices.to(torch.int32), has_initial_state.to(torch.int8)
+    dot = dot_mode(x.dtype)
     with device_guard(x.device):
         _cumsum_kernel[(n_chunks, H)](
             dt, dt_bias if dt_bias is not None else A, A, delta, acum, cstart, cend, H, dt.stride(0), dt.stride(1),
             HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus, CHUNK=next_pow2(chunk_size))
         _chunk_state_kernel[(n_chunks, H, triton.cdiv(P, state_p))](
             x, B, delta, acum, states, cstart, cend, H, P, N, H // G, *x.stride(), *B.stride(),
-            BLOCK_P=state_p, BLOCK_N=block_n, BLOCK_L=BLOCK_L, DOT=DOT, num_warps=warps)
+            BLOCK_P=state_p, BLOCK_N=block_n, BLOCK_L=BLOCK_L, DOT=dot, num_warps=warps)
         _state_passing_kernel[(S, H, triton.cdiv(P * N, flat))](
             states, h_in, acum, ssm_states, cend, first, count, slots, init, null_block_id, H, P, N,
             *ssm_states.stride(), BLOCK=flat)
         _chunk_scan_kernel[(n_chunks * blocks_per_chunk, H, triton.cdiv(P, block_p))](
             x, B, C, D if D is not None else A, delta, acum, h_in, out, cstart, cend, H, P, N, H // G,
             blocks_per_chunk, *x.stride(), *B.stride(), *C.stride(),
-            HAS_D=D is not None, BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_L=BLOCK_L, DOT=DOT,
+            HAS_D=D is not None, BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_L=BLOCK_L, DOT=dot,
             num_warps=warps)
     return out
 

@@ -209,6 +209,7 @@ def test_opcheck_with_the_triton_kernel(name):
 def _aot_cases(P="*bf16", S="*fp32"):
     """(label, kernel, {pointer arg: type}, constexprs, warps); other arguments are i32."""
     i32, i8, f32 = "*i32", "*i8", "*fp32"
+    dot = mamba_ssd.dot_mode(torch.float32 if P == "*fp32" else torch.bfloat16)
     conv = {"x_ptr": P, "w_ptr": P, "b_ptr": P, "out_ptr": P, "state_ptr": P, "qsl_ptr": i32, "slot_ptr": i32,
             "init_ptr": i8, "seq_ptr": i32}
     for K in (2, 4):
@@ -227,10 +228,10 @@ def _aot_cases(P="*bf16", S="*fp32"):
            "cend_ptr": i32, "first_ptr": i32, "count_ptr": i32, "slot_ptr": i32, "init_ptr": i8}
     yield "ssd cumsum 256", mamba_ssd._cumsum_kernel, ssd, dict(HAS_BIAS=True, SOFTPLUS=True, CHUNK=256), 4
     yield ("ssd chunk state N=128", mamba_ssd._chunk_state_kernel, ssd,
-           dict(BLOCK_P=32, BLOCK_N=128, BLOCK_L=mamba_ssd.BLOCK_L, DOT=mamba_ssd.DOT), 8)
+           dict(BLOCK_P=32, BLOCK_N=128, BLOCK_L=mamba_ssd.BLOCK_L, DOT=dot), 8)
     yield "ssd state passing", mamba_ssd._state_passing_kernel, ssd, dict(BLOCK=1024), 4
     yield ("ssd chunk scan N=128", mamba_ssd._chunk_scan_kernel, ssd,
-           dict(HAS_D=True, BLOCK_M=64, BLOCK_P=64, BLOCK_N=128, BLOCK_L=mamba_ssd.BLOCK_L, DOT=mamba_ssd.DOT), 8)
+           dict(HAS_D=True, BLOCK_M=64, BLOCK_P=64, BLOCK_N=128, BLOCK_L=mamba_ssd.BLOCK_L, DOT=dot), 8)
     norm = {"x_ptr": P, "gate_ptr": P, "w_ptr": P, "out_ptr": P, "eps": "fp32"}
     yield "norm 4 x 1024", mamba_norm._mixer2_norm_kernel, norm, dict(HAS_WEIGHT=True, BLOCK_M=4, BLOCK_N=1024,
                                                                        SINGLE_TILE=True), 8
