@@ -1,8 +1,14 @@
 """Encoder attention over packed sequences: ``customop::mm_encoder_attn`` on CUDA, ROCm and XPU.
 
 ``mm_encoder_attn(query [T, Hq, D], key/value [T, Hkv, D], cu_seqlens, max_seqlen, scale)``: one
-launcher, two implementations, chosen per call from the inputs (never by timing at run time):
+launcher, three implementations, chosen per call from the inputs (never by timing at run time):
 
+- one batched ``F.scaled_dot_product_attention`` call, no mask, when every segment has the same
+  length, which the host knows without reading ``cu_seqlens``: no segment is longer than
+  ``max_seqlen``, so ``T == segments * max_seqlen`` forces each to be exactly ``max_seqlen`` (a
+  ViT's equal tiles, a single image). On the H200 (2026-12-01) a loop of SDPA calls beat torch's
+  varlen flash attention 1.9x at 16 heads of 80 and 16384 tokens in 4 segments and 2.3x on one
+  segment of 4096. 16-bit CUDA inputs only, the same reach as the varlen path below.
 - torch's own varlen flash attention (``torch.nn.attention.varlen.varlen_attn``, FlashAttention-2
   inside torch) for what it takes: fp16/bf16 on an NVIDIA GPU of compute capability 8.0 or
   newer, head sizes that are multiples of 8 up to 256 (64, 72, 80, 96, 128 all are). The
@@ -32,6 +38,7 @@ import inspect
 import os
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -175,6 +182,18 @@ def torch_flash_serves(query: torch.Tensor, key: torch.Tensor) -> bool:
             and _flash_capable(query.device.index if query.device.index is not None else torch.cuda.current_device()))
 
 
+def equal_segments_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segments: int,
+                        scale: float) -> torch.Tensor:
+    """``segments`` equal-length segments as one ``[segments, H, length, D]`` SDPA batch (views of
+    the packed tensors; no mask: every segment attends only to itself)."""
+    def batched(t: torch.Tensor) -> torch.Tensor:
+        return t.unflatten(0, (segments, -1)).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(batched(query), batched(key), batched(value), scale=scale,
+                                         enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).reshape(query.shape)
+
+
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -209,6 +228,9 @@ def mm_encoder_attn(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if query.shape[-1] > MAX_HEAD_DIM:
         return _math.varlen_attention(query, key, value, cu_seqlens, max_seqlen, scale).contiguous()
     query, key, value = _unit_last(query), _unit_last(key), _unit_last(value)
+    segments = cu_seqlens.shape[0] - 1
+    if segments > 0 and max_seqlen > 0 and total == segments * max_seqlen and torch_flash_serves(query, key):
+        return equal_segments_sdpa(query, key, value, segments, scale)
     if torch_flash_serves(query, key):
         return _torch_varlen()(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                scale=scale, enable_gqa=query.shape[1] != key.shape[1])

@@ -117,6 +117,25 @@ def test_routing_on_this_gpu(attn):
             assert attn.torch_flash_serves(x, x[:, :4])
 
 
+def test_equal_segments_take_one_sdpa_batch(attn, monkeypatch):
+    """T == segments * max_seqlen (equal segments, known on the host) goes to one batched SDPA
+    call; an uneven packing, or a looser max_seqlen, to the varlen kernel. Both against float64."""
+    calls = []
+    real = attn.equal_segments_sdpa
+    monkeypatch.setattr(attn, "equal_segments_sdpa", lambda *a: calls.append(a[3]) or real(*a))
+    case = REAL_CASES[0]
+    for lengths, max_seqlen, routed in (((1024,) * 4, 1024, True), ((4096,), 4096, True), ((1024,) * 4, 2048, False),
+                                        ((1000, 1048, 1024, 1024), 1048, False)):
+        packing = Packing(1, lengths)
+        op = case.build()
+        q, k, v = _inputs(case, packing, torch.bfloat16)
+        calls.clear()
+        got = op.forward_kernel(q, k, v, packing.cu_seqlens("cuda"), torch.tensor(max_seqlen))
+        assert bool(calls) == routed, (lengths, max_seqlen)
+        expected = _packed_reference(case, op, packing, q, k, v)
+        assert_close_on_device(got.reshape(-1, q.shape[-1]), expected.reshape(-1, q.shape[-1]).bfloat16(), str(lengths))
+
+
 @pytest.mark.parametrize("max_seqlen", [4096, None], ids=["given", "unknown"])
 def test_cuda_graph_replay_matches_eager(attn, max_seqlen):
     """Captured with max_seqlen given (no host read) and without (the launcher bounds the grid by
