@@ -11,6 +11,8 @@ JAX users call the kernels on ``jax.Array``s (this needs jax, not torch_xla)::
     q, k = tpu.rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox_style=True)
     y = tpu.silu_and_mul(x); y = tpu.act_and_mul(x, "gelu_tanh")
     q, s = tpu.per_token_quant_fp8(x); q, s = tpu.per_group_quant_fp8(x, 128)
+    o = tpu.varlen_attention(q, k, v, cu_seqlens, scale)     # packed segments, GQA
+    y = tpu.fused_experts(x, w13, w2, topk_weights, topk_ids, activation="silu")  # or tpu.gmm(...)
 
 Every function also takes ``block_rows=`` (rows per block; a multiple of 8 or all rows) and
 ``interpret=`` (``None``: decided by ``tiling.use_interpret``: ``CUSTOMOP_PALLAS_INTERPRET`` if
@@ -35,14 +37,18 @@ from customop.backends.tpu.layernorm import (
 from customop.backends.tpu.quant import fp8_max, per_group_quant_fp8, per_tensor_quant_fp8, per_token_quant_fp8
 from customop.backends.tpu.rotary import rotary_embedding
 from customop.backends.tpu.tiling import use_interpret
+from customop.backends.tpu.attention import varlen_attention  # noqa: I001
+from customop.backends.tpu.moe import fused_experts, gmm
 
 __all__ = [
     "ACTIVATIONS",
     "act_and_mul",
     "fp8_max",
+    "fused_experts",
     "fused_rms_norm_gated",
     "gelu_and_mul",
     "gemma_rms_norm",
+    "gmm",
     "layer_norm",
     "nemotron_layer_norm",
     "per_group_quant_fp8",
@@ -53,9 +59,12 @@ __all__ = [
     "rotary_embedding",
     "silu_and_mul",
     "use_interpret",
+    "varlen_attention",
 ]
 
 if importlib.util.find_spec("torch_xla") is not None:
-    from customop.backends.tpu import xla_kernels
+    from customop.backends.tpu import xla_attention, xla_kernels, xla_moe
 
     xla_kernels.register()
+    xla_attention.register()  # mm_encoder_attn: Pallas flash attention with segment ids
+    xla_moe.register()  # fused_experts: Pallas grouped matmul
