@@ -301,13 +301,23 @@ def _sweep_plan(spec: OpSpec) -> list[tuple[str, dict]] | None:
     return None
 
 
+def spec_impls(spec: OpSpec, requested: list[str]) -> list[str]:
+    """The implementations timed for a spec: the requested ones, or every one it has (the common
+    columns first, then its own peers, e.g. ``torch._grouped_mm`` for MoE)."""
+    if requested:
+        return requested
+    return [*IMPL_ORDER, *(n for n in spec.impls if n not in IMPL_ORDER)]
+
+
 def main(argv: list[str] | None = None) -> int:
     # `customop bench` hands its arguments here unchanged (customop/cli.py)
     parser = argparse.ArgumentParser(prog="customop bench", description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--ops", default="", help="comma-separated names / fnmatch patterns (spec name or family)")
     parser.add_argument("--quick", action="store_true", help="tokens {1, 4096} at the largest hidden only")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="default bf16")
-    parser.add_argument("--impls", default=",".join(IMPL_ORDER), help="a subset of " + ",".join(IMPL_ORDER))
+    parser.add_argument("--impls", default="",
+                        help="a subset of " + ",".join(IMPL_ORDER) + " and the specs' own peers (e.g. grouped_mm, "
+                             "varlen_attn); default: every implementation each spec has")
     parser.add_argument("--out", default="", help="folder for results.json, results.md, bandwidth.png")
     parser.add_argument("--liger-wheel", default=None,
                         help="a Liger wheel to unpack when liger_kernel is not installed "
@@ -349,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runner: no spec matches {args.ops!r}; known: {[s.name for s in all_specs]}", file=sys.stderr)
         return 2
     dtype = DTYPES[args.dtype]
-    impl_names = [n.strip() for n in args.impls.split(",") if n.strip()]
+    requested = [n.strip() for n in args.impls.split(",") if n.strip()]
+    impl_names = list(requested)  # the columns of the outputs: grows with the specs' own peers
     specs_pkg.use_liger_wheel(args.liger_wheel)
     for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
         if hasattr(torch._dynamo.config, knob):  # one static compile per shape and op
@@ -384,7 +395,9 @@ def main(argv: list[str] | None = None) -> int:
             t1 = time.perf_counter()
             if _DRY_RUN:
                 shape = dataclasses.replace(shape, tokens=min(shape.tokens, 4), label=f"{shape.label}[dry]")
-            row = run_case(spec, shape, dtype, impl_names, l2, copy_gbps, plan)
+            names = spec_impls(spec, requested)
+            impl_names += [n for n in names if n not in impl_names]
+            row = run_case(spec, shape, dtype, names, l2, copy_gbps, plan)
             rows.append(row)
             mine = row["impls"].get("customop", {})
             log(f"{spec.name:26s} {shape.label:14s} customop {mine.get('us', float('nan')):8.1f} us "
