@@ -11,6 +11,8 @@ JAX users call the kernels on ``jax.Array``s (this needs jax, not torch_xla)::
     q, k = tpu.rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox_style=True)
     y = tpu.silu_and_mul(x); y = tpu.act_and_mul(x, "gelu_tanh")
     q, s = tpu.per_token_quant_fp8(x); q, s = tpu.per_group_quant_fp8(x, 128)
+    y, ssm = tpu.mamba.ssd_chunk_scan(x, dt, A, B, C, D, dt_bias, ssm, qsl, slots, init, chunk_size=256)
+    y, ssm = tpu.mamba.selective_state_update(ssm, x, dt, A, B, C, D, z, dt_bias, slots)  # decode
     o = tpu.varlen_attention(q, k, v, cu_seqlens, scale)     # packed segments, GQA
     y = tpu.fused_experts(x, w13, w2, topk_weights, topk_ids, activation="silu")  # or tpu.gmm(...)
 
@@ -37,6 +39,7 @@ from customop.backends.tpu.layernorm import (
 from customop.backends.tpu.quant import fp8_max, per_group_quant_fp8, per_tensor_quant_fp8, per_token_quant_fp8
 from customop.backends.tpu.rotary import rotary_embedding
 from customop.backends.tpu.tiling import use_interpret
+from customop.backends.tpu import mamba  # noqa: I001  (the state-space family: tpu.mamba.*)
 from customop.backends.tpu.attention import varlen_attention  # noqa: I001
 from customop.backends.tpu.moe import fused_experts, gmm
 
@@ -63,8 +66,9 @@ __all__ = [
 ]
 
 if importlib.util.find_spec("torch_xla") is not None:
-    from customop.backends.tpu import xla_attention, xla_kernels, xla_moe
+    from customop.backends.tpu import xla_attention, xla_kernels, xla_mamba, xla_moe
 
     xla_kernels.register()
+    xla_mamba.register()
     xla_attention.register()  # mm_encoder_attn: Pallas flash attention with segment ids
     xla_moe.register()  # fused_experts: Pallas grouped matmul

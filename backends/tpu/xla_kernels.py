@@ -353,13 +353,14 @@ def _functionalize_on_xla(library: torch.library.Library, name: str) -> None:
         inner = ctx.unwrap_tensors(kwargs)
         with ctx.redispatch_to_next():
             fresh = {n: (t.clone() if n in mutated and t is not None else t) for n, t in inner.items()}
-            op(**fresh)
+            result = op(**fresh)
         for n in mutated:
             if kwargs[n] is not None:
                 ctx.replace(kwargs[n], fresh[n])
                 ctx.commit_update(kwargs[n])
                 ctx.sync(kwargs[n])
                 torch.autograd.graph.increment_version(kwargs[n])
+        return ctx.wrap_tensors(result)  # an op that also returns a tensor (the state-space ops)
 
     library.impl(name, kernel, "AutogradXLA", with_keyset=True)
 
