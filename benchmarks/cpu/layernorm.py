@@ -1,7 +1,10 @@
 """CPU timings of the norms family: eager native vs ``torch.compile(native)`` vs ``forward_cpu``.
 
     .venv/bin/python -m benchmarks.cpu.layernorm [--dtypes bf16,fp32] [--shapes 1x4096,...]
-        [--extra] [--min-time 0.4] [--threads N] [--clock wall|cpu]
+        [--extra] [--layer] [--min-time 0.4] [--threads N] [--clock wall|cpu]
+
+``--layer``: vLLM 0.33's layer norms and FusedRMSNormGated (layer_norm, nemotron_layer_norm
+with and without the fused add, fused_rms_norm_gated) at the ``--shapes`` instead of RMSNorm.
 
 Prints a markdown table of microseconds per call, ``p5 / median``, for four paths: the math
 function called eagerly; ``op.forward_native`` (the same through the op, as a disabled op runs,
@@ -66,8 +69,28 @@ def with_rows(args: tuple, shape: tuple[int, ...], rows: int) -> tuple:
                  if isinstance(a, torch.Tensor) and a.shape == shape else a for a in args)
 
 
-def cases(dtype: torch.dtype, shapes, extra: bool):
+def layer_cases(dtype: torch.dtype, shapes):
+    """The layer norms' and FusedRMSNormGated's cases, weights in the input dtype."""
+    for shape in shapes:
+        h = shape[-1]
+        x, r, g = (torch.randn(shape, dtype=dtype) for _ in range(3))
+        with use_config(Config(custom_ops=["all"])):
+            ln = L.LayerNorm(h, dtype=dtype).requires_grad_(False)
+            nemotron = L.NemotronLayerNorm1P(h).to(dtype).requires_grad_(False)
+            gated = L.FusedRMSNormGated(h, dtype=dtype).requires_grad_(False)
+        yield "layer_norm", shape, L.layer_norm, ln, (x, ln.weight, ln.bias, 1e-5), (x,)
+        w, b = nemotron.weight, nemotron.bias
+        yield "nemotron_layer_norm", shape, L.nemotron_layer_norm, nemotron, (x, w, b, 1e-5), (x,)
+        yield ("fused_add_nemotron_layer_norm", shape, L.fused_add_nemotron_layer_norm, nemotron,
+               (x, r, w, b, 1e-5), (x, r))
+        yield "fused_rms_norm_gated", shape, L.fused_rms_norm_gated, gated, (x, g, gated.weight, 1e-5, False), (x, g)
+
+
+def cases(dtype: torch.dtype, shapes, extra: bool, layer: bool = False):
     """(op label, shape, math fn, op, fn args, op args) for each case."""
+    if layer:
+        yield from layer_cases(dtype, shapes)
+        return
     for shape in shapes:
         h = shape[-1]
         x, residual = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
@@ -95,6 +118,8 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES),
                         help="rms_norm / fused_add_rms_norm shapes, e.g. 1x4096,16x4096")
     parser.add_argument("--extra", action="store_true", help="also gemma_rms_norm and rms_norm_gated")
+    parser.add_argument("--layer", action="store_true",
+                        help="the layer norms and fused_rms_norm_gated instead of rms_norm")
     add_timing_args(parser)
     args = parser.parse_args()
     clock = start_run(args)
@@ -105,7 +130,7 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     with torch.no_grad():
         for dtype_name in args.dtypes.split(","):
-            for label, shape, fn, op, fn_args, op_args in cases(DTYPES[dtype_name], shapes, args.extra):
+            for label, shape, fn, op, fn_args, op_args in cases(DTYPES[dtype_name], shapes, args.extra, args.layer):
                 # Dynamo caches compiled code per code object, shared by the baseline and
                 # forward_cpu: start each case afresh so that no case meets the recompile limit.
                 torch._dynamo.reset()
