@@ -1,7 +1,8 @@
 """Benchmark specs of the norms at tokens {1, 16, 256, 4096, 32768} x hidden {4096, 8192}, weights
 in the activation dtype (as in a model built under that default dtype, Gemma's too). Liger peers:
-rms_norm (llama casting), Gemma (offset 1, gemma casting) and the fused residual add (Liger's
-is out of place)."""
+rms_norm (llama casting), Gemma (offset 1, gemma casting), the fused residual add (Liger's
+is out of place) and layer_norm. vLLM 0.33's layer norms (eps 1e-5, a bias; Nemotron's weight
+stored as w - 1) and FusedRMSNormGated (the KDA output norm, swish gate after the norm) too."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def _inputs(shape: Shape, dtype: torch.dtype, device: torch.device) -> dict[str,
             "residual": torch.randn(t, h, device=device).to(dtype),
             "z": torch.randn(t, h, device=device).to(dtype),
             "weight": (1 + 0.1 * torch.randn(h, device=device)).to(dtype),
-            "gemma_weight": (0.1 * torch.randn(h, device=device)).to(dtype)}
+            "gemma_weight": (0.1 * torch.randn(h, device=device)).to(dtype),
+            "bias": (0.1 * torch.randn(h, device=device)).to(dtype)}
 
 
 def _bytes(reads: int, writes: int):
@@ -82,6 +84,35 @@ def _in_place(op: str, native_fn, weight_key: str, **peers):
     return table
 
 
+def _liger_layer_norm(i):
+    mod = liger_module("layer_norm")
+    if mod is None or len(inspect.signature(mod.layer_norm_forward).parameters) != 4:
+        return None
+    x, w, b = i["x"], i["weight"], i["bias"]
+    return lambda: mod.layer_norm_forward(x, w, b, LN_EPS)[0]
+
+
+def _fused_add_nemotron():
+    """In place like the RMS fused adds: every implementation returns (out, new residual)."""
+    op = torch.ops.customop.fused_add_nemotron_layer_norm
+    table = impls("fused_add_nemotron_layer_norm", native.fused_add_nemotron_layer_norm,
+                  lambda i: (i["x"], i["residual"], i["gemma_weight"], i["bias"], LN_EPS))
+
+    def customop(i):
+        x, r, w, b = i["x"], i["residual"], i["gemma_weight"], i["bias"]
+
+        def run():
+            op(x, r, w, b, LN_EPS)
+            return x, r
+
+        return run
+
+    table["customop"] = customop
+    return table
+
+
+LN_EPS = 1e-5
+
 SPECS = [
     OpSpec("rms_norm", "layernorm", SHAPES, _inputs, _bytes(1, 1),
            impls("rms_norm", native.rms_norm, lambda i: (i["x"], i["weight"], EPS),
@@ -100,4 +131,18 @@ SPECS = [
     OpSpec("rms_norm_gated", "layernorm", SHAPES, _inputs, _bytes(2, 1),
            impls("rms_norm_gated", native.rms_norm_gated,
                  lambda i: (i["x"], i["weight"], i["z"], 1e-5, GATED_GROUP, False, False))),
+    OpSpec("layer_norm", "layernorm", SHAPES, _inputs, _bytes(1, 1),
+           impls("layer_norm", native.layer_norm, lambda i: (i["x"], i["weight"], i["bias"], LN_EPS),
+                 liger=_liger_layer_norm)),
+    OpSpec("nemotron_layer_norm", "layernorm", SHAPES, _inputs, _bytes(1, 1),
+           impls("nemotron_layer_norm", native.nemotron_layer_norm,
+                 lambda i: (i["x"], i["gemma_weight"], i["bias"], LN_EPS))),
+    OpSpec("fused_add_nemotron_layer_norm", "layernorm", SHAPES, _inputs, _bytes(2, 2), _fused_add_nemotron(),
+           mutates=("x", "residual")),
+    OpSpec("fused_rms_norm_gated", "layernorm", SHAPES, _inputs, _bytes(2, 1),
+           impls("fused_rms_norm_gated", native.fused_rms_norm_gated,
+                 lambda i: (i["x"], i["z"], i["weight"], LN_EPS, False))),
+    OpSpec("fused_add_rms_norm_gated", "layernorm", SHAPES, _inputs, _bytes(3, 2),
+           impls("fused_add_rms_norm_gated", native.fused_add_rms_norm_gated,
+                 lambda i: (i["x"], i["z"], i["residual"], i["weight"], LN_EPS, False))),
 ]
