@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from customop.ops.rotary_embedding import (
-    ROPE_TYPES, BailingMRotaryEmbedding, DeepseekScalingRotaryEmbedding, DualChunkRotaryEmbedding,
+    ROPE_TYPES, BailingMRotaryEmbedding, DeepseekScalingRotaryEmbedding, DeepseekV4ScalingRotaryEmbedding,
+    DualChunkRotaryEmbedding, FourierRotaryEmbedding,
     DynamicNTKAlphaRotaryEmbedding, DynamicNTKScalingRotaryEmbedding, Gemma4RotaryEmbedding,
     LinearScalingRotaryEmbedding, Llama3RotaryEmbedding, Llama4VisionRotaryEmbedding, MRotaryEmbedding,
     MRotaryEmbeddingInterleaved, NTKScalingRotaryEmbedding, Phi3LongRoPEScaledRotaryEmbedding, RotaryEmbedding,
@@ -39,10 +40,13 @@ TABLE = [
     ({"rope_type": "yarn", **YARN, "mrope_section": [8, 12, 12], "mrope_interleaved": True}, MRotaryEmbedding),
     ({"rope_type": "bailing_mrope", "mrope_section": [8, 12, 12]}, BailingMRotaryEmbedding),
     ({"rope_type": "openpangu", "mrope_section": [8, 12, 12], "mrope_interleaved": True}, MRotaryEmbeddingInterleaved),
+    ({"rope_type": "deepseek_yarn", **YARN, "is_deepseek_v4": True}, DeepseekV4ScalingRotaryEmbedding),
+    ({"use_fope": True, "num_key_value_heads": 2, "num_inv_freq": 8, "fope_sep_head": True, "fope_init_factor": 0.1},
+     FourierRotaryEmbedding),
 ]
 IDS = ["none", "default", "linear", "dynamic", "dynamic-alpha", "ntk", "yarn", "llama3", "deepseek_yarn",
        "deepseek_llama_scaling", "longrope", "proportional", "mllama4", "mrope", "mrope-yarn", "bailing_mrope",
-       "openpangu"]
+       "openpangu", "deepseek_v4", "fope"]
 
 
 @pytest.mark.parametrize("params,cls", TABLE, ids=IDS)
@@ -126,7 +130,7 @@ def test_errors():
         get_rope(D, 1024, True, {"partial_rotary_factor": 1.5})
     with pytest.raises(ValueError, match="openpangu"):
         get_rope(D, 1024, True, {"rope_type": "openpangu", "mrope_section": [8, 12, 12]})
-    with pytest.raises(NotImplementedError, match="FoPE"):
+    with pytest.raises(ValueError, match="get_rope: rope type 'default with use_fope' needs 'num_key_value_heads'"):
         get_rope(D, 1024, True, {"use_fope": True})
     # the pre-0.33 positional order gets a clear error, not "unhashable type"
     with pytest.raises(TypeError, match="get_rope: rope_parameters must be a dict"):

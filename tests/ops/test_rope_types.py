@@ -14,7 +14,8 @@ import torch
 
 import customop
 from customop.ops.rotary_embedding import (
-    ApplyRotaryEmb, BailingMRotaryEmbedding, DeepseekScalingRotaryEmbedding, DualChunkRotaryEmbedding,
+    ApplyRotaryEmb, BailingMRotaryEmbedding, DeepseekScalingRotaryEmbedding, DeepseekV4ScalingRotaryEmbedding,
+    DualChunkRotaryEmbedding, FourierRotaryEmbedding,
     DynamicNTKAlphaRotaryEmbedding, DynamicNTKScalingRotaryEmbedding, Gemma4RotaryEmbedding,
     LinearScalingRotaryEmbedding, Llama3RotaryEmbedding, Llama4VisionRotaryEmbedding, MRotaryEmbedding,
     MRotaryEmbeddingInterleaved, NTKScalingRotaryEmbedding, Phi3LongRoPEScaledRotaryEmbedding, RotaryEmbedding,
@@ -119,6 +120,8 @@ FORMS = {
     MRotaryEmbedding: BASE_FORM + ("offsets",), BailingMRotaryEmbedding: BASE_FORM + ("offsets",),
     DualChunkRotaryEmbedding: BASE_FORM + ("offsets",), MRotaryEmbeddingInterleaved: BASE_FORM,
     Llama4VisionRotaryEmbedding: ("query", "key"), ApplyRotaryEmb: ("x", "cos", "sin"),
+    DeepseekV4ScalingRotaryEmbedding: BASE_FORM + ("offsets", "inverse"),
+    FourierRotaryEmbedding: BASE_FORM + ("offsets",),
 }
 PATHS = ("forward_native", "forward_cpu", "forward_cuda", "forward_hip", "forward_xpu", "forward_tpu")
 
@@ -256,3 +259,90 @@ def test_empty_batch_triton_interpreter():
         out_q, out_k = op.forward_kernel(torch.empty(0, dtype=torch.long), q, k)
         apply = ApplyRotaryEmb().forward_kernel(torch.empty(0, 2, D), torch.empty(0, 32), torch.empty(0, 32))
     assert len(calls) == 2 and out_q is q and out_k is k and apply.shape == (0, 2, D)
+
+
+# ---- DeepSeek-V4 -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_deepseek_v4(dtype, is_neox):
+    """The last rotary_dim lanes rotate, in fp32 from an fp32 cache, cast back once; offsets;
+    ``inverse`` undoes the rotation; key optional; the head size is the query's last dim."""
+    params = {"rope_type": "deepseek_yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 0.707,
+              "mscale_all_dim": 1.0, "is_deepseek_v4": True, "rope_dim": 16}
+    with forced_platform("cuda"), customop.use_config(KERNEL_CONFIG):
+        op = get_rope(D, 256, is_neox, params, dtype)
+    assert type(op) is DeepseekV4ScalingRotaryEmbedding and op.cos_sin_cache.dtype == torch.float32
+    assert op.cos_sin_cache.shape == (256, 16)
+    gen = torch.Generator().manual_seed(7)
+    positions, offsets = torch.randint(0, 200, (5,), generator=gen), torch.full((5,), 50)
+    q, k = randn(5, 3, D, dtype=dtype, generator=gen), randn(5, 1, 32, dtype=dtype, generator=gen)
+    out_q, out_k = op(positions, q, k, offsets)
+    cos, sin = op.cos_sin_cache.double()[positions + offsets].chunk(2, dim=-1)
+    for x, got in ((q, out_q), (k, out_k)):
+        head = x.shape[-1]
+        assert torch.equal(got[..., : head - 16], x[..., : head - 16])  # the leading lanes pass through
+        want, mag = rope_reference(x[..., head - 16:].reshape(5, -1), cos, sin, 16, is_neox)
+        assert_rotated(got[..., head - 16:].reshape(5, -1), want, mag, dtype, products_rounded=False)
+    only_q, none = op(positions, q, None, offsets, inverse=False)
+    assert none is None and torch.equal(only_q, out_q)
+    back, _ = op.forward_native(positions + offsets, out_q.float(), None, inverse=True)
+    m2 = torch.ones(D, dtype=torch.float64)
+    m2[D - 16:] = op.mscale ** 2  # the rotated lanes carry the magnitude twice
+    assert torch.allclose(back.double(), q.double() * m2, atol=8 * torch.finfo(dtype).eps, rtol=0)
+
+
+# ---- FoPE --------------------------------------------------------------------------------------------
+
+FOPE = {"use_fope": True, "num_key_value_heads": 2, "num_inv_freq": None, "fope_sep_head": True,
+        "fope_init_factor": 0.1}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_fope(dtype):
+    """Loaded coefficients mix the frequencies per KV head; float64 cache and rotation written here."""
+    L, heads = 256, 4
+    op = get_rope(D, L, True, FOPE, dtype)
+    assert type(op) is FourierRotaryEmbedding
+    inv = inv_freq64(BASE, D)
+    inv = inv[inv > 2 * torch.pi / L]  # the frequencies that turn at least once over the context
+    n = inv.shape[0]
+    assert op.inv_freq.shape == (n,) and op.cos_coef.shape == (2, n, n)
+    gen = torch.Generator().manual_seed(8)
+    coef = {name: torch.randn(2, n, n, generator=gen) * 0.3 for name in ("cos_coef", "sin_coef")}
+    for name, value in coef.items():
+        param = getattr(op, name)
+        param.weight_loader(param, value)
+    positions = torch.randint(0, L, (6,), generator=gen)
+    q, k = randn(6, heads * D, dtype=dtype, generator=gen), randn(6, 2 * D, dtype=dtype, generator=gen)
+    out_q, out_k = op(positions, q, k, torch.full((6,), 100))  # offsets are not used
+    assert out_q.shape == (6, heads, D) and out_k.shape == (6, 2, D)
+    angles = positions.double()[:, None] * inv  # [T, F]
+    c = torch.einsum("tf,hfg->thg", angles.cos(), coef["cos_coef"].double())
+    s = torch.einsum("tf,hfg->thg", angles.sin(), coef["sin_coef"].double())
+    c = torch.cat((c, torch.ones(6, 2, D // 2 - n, dtype=torch.float64)), -1)
+    s = torch.cat((s, torch.zeros(6, 2, D // 2 - n, dtype=torch.float64)), -1)
+    # the op rounds its fp32 cache to the dtype: compare against that rounding of the float64 table
+    c, s = c.to(dtype).double(), s.to(dtype).double()
+    for x, got, group in ((q, out_q, heads // 2), (k, out_k, 1)):
+        xs = x.reshape(6, 2, group, D)
+        want, mag = rope_reference(xs.reshape(12, group * D), c.reshape(12, -1), s.reshape(12, -1), D, True)
+        assert_rotated(got.reshape(12, -1), want, mag, dtype, extra=64 * torch.finfo(torch.float32).eps)
+    with pytest.raises(ValueError, match="FourierRotaryEmbedding: key is required"):
+        op(positions, q, None)
+
+
+def test_fope_loader_slices_heads(monkeypatch):
+    """Each rank keeps its KV heads; with fewer heads than ranks, ranks share a head."""
+    import types
+
+    from customop.ops.rotary_embedding import fope
+
+    op = get_rope(D, 64, True, {**FOPE, "num_key_value_heads": 1, "num_inv_freq": 4})
+    full = torch.arange(2 * 16, dtype=torch.float32).reshape(2, 4, 4)
+    monkeypatch.setattr(fope, "get_tp_group", lambda: types.SimpleNamespace(tp_size=4, tp_rank=3))
+    op.cos_coef.weight_loader(op.cos_coef, full)
+    assert torch.equal(op.cos_coef.data, full[1:])  # ranks 2 and 3 share head 1
+    with pytest.raises(ValueError, match="weight_loader: this rank's slice"):
+        op.sin_coef.weight_loader(op.sin_coef, torch.zeros(8, 4, 4))

@@ -14,7 +14,8 @@ from customop.ops.rotary_embedding.ntk import NTKScalingRotaryEmbedding
 from customop.ops.rotary_embedding.yarn import YaRNScalingRotaryEmbedding, yarn_get_mscale
 from customop.ops.rotary_embedding.llama3 import Llama3RotaryEmbedding
 from customop.ops.rotary_embedding.llama4_vision import Llama4VisionRotaryEmbedding
-from customop.ops.rotary_embedding.deepseek_yarn import DeepseekScalingRotaryEmbedding
+from customop.ops.rotary_embedding.deepseek_yarn import DeepseekScalingRotaryEmbedding, DeepseekV4ScalingRotaryEmbedding
+from customop.ops.rotary_embedding.fope import FourierRotaryEmbedding
 from customop.ops.rotary_embedding.longrope import Phi3LongRoPEScaledRotaryEmbedding
 from customop.ops.rotary_embedding.proportional import Gemma4RotaryEmbedding
 from customop.ops.rotary_embedding.mrope import MRotaryEmbedding
@@ -27,9 +28,11 @@ __all__ = [
     "ApplyRotaryEmb",
     "BailingMRotaryEmbedding",
     "DeepseekScalingRotaryEmbedding",
+    "DeepseekV4ScalingRotaryEmbedding",
     "DualChunkRotaryEmbedding",
     "DynamicNTKAlphaRotaryEmbedding",
     "DynamicNTKScalingRotaryEmbedding",
+    "FourierRotaryEmbedding",
     "Gemma4RotaryEmbedding",
     "Llama3RotaryEmbedding",
     "Llama4VisionRotaryEmbedding",

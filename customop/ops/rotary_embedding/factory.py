@@ -10,7 +10,9 @@ Hugging Face's v5 config field. Which class each type builds and which keys it r
 any, ``dual_chunk_attention_config`` given     DualChunkRotaryEmbedding            ``chunk_size``, ``local_size`` (DCA)
 ``bailing_mrope``                              BailingMRotaryEmbedding             ``mrope_section``
 ``default`` + ``mrope_section``                MRotaryEmbedding                    ``mrope_interleaved``
-``default`` + ``use_fope``                     (not provided: raises)
+``default`` + ``use_fope``                     FourierRotaryEmbedding              ``num_key_value_heads``,
+                                                                                   ``num_inv_freq``, ``fope_sep_head``,
+                                                                                   ``fope_init_factor``
 ``default``                                    RotaryEmbedding
 ``proportional``                               Gemma4RotaryEmbedding
 ``llama3``                                     Llama3RotaryEmbedding               ``factor``, ``low_freq_factor``,
@@ -37,6 +39,7 @@ any, ``dual_chunk_attention_config`` given     DualChunkRotaryEmbedding         
 ``openpangu`` (+ ``mrope_section``)            MRotaryEmbeddingInterleaved         ``mrope_interleaved`` (must be true)
 =============================================  ==================================  ==================================
 
+DeepSeek-YaRN with a true ``is_deepseek_v4`` builds DeepseekV4ScalingRotaryEmbedding instead.
 YaRN, M-RoPE + YaRN and DeepSeek-YaRN are built with ``original_max_position_embeddings`` as their
 context; ``max_position`` is then unused. Keys a type does not read are ignored (as in vLLM:
 YaRN's older ``extrapolation_factor``/``attn_factor`` do nothing). A missing key raises
@@ -52,8 +55,9 @@ import torch
 
 from customop.ops.rotary_embedding.bailing_mrope import BailingMRotaryEmbedding
 from customop.ops.rotary_embedding.base import RotaryEmbedding
-from customop.ops.rotary_embedding.deepseek_yarn import DeepseekScalingRotaryEmbedding
+from customop.ops.rotary_embedding.deepseek_yarn import DeepseekScalingRotaryEmbedding, DeepseekV4ScalingRotaryEmbedding
 from customop.ops.rotary_embedding.dual_chunk import DualChunkRotaryEmbedding
+from customop.ops.rotary_embedding.fope import FourierRotaryEmbedding
 from customop.ops.rotary_embedding.dynamic_ntk import DynamicNTKAlphaRotaryEmbedding, DynamicNTKScalingRotaryEmbedding
 from customop.ops.rotary_embedding.linear_scaling import LinearScalingRotaryEmbedding
 from customop.ops.rotary_embedding.llama3 import Llama3RotaryEmbedding
@@ -199,7 +203,9 @@ def _build(rope_type: str, params: dict[str, Any], head_size: int, rotary_dim: i
             return MRotaryEmbedding(*dims, max_position, base, is_neox_style, dtype, **mrope,
                                     positions_factor=positions_factor)
         if params.get("use_fope"):
-            raise NotImplementedError("get_rope: FoPE (rope_type 'default' with use_fope) is not provided by customop")
+            fope = {k: _required(params, k, "default with use_fope")
+                    for k in ("num_key_value_heads", "num_inv_freq", "fope_sep_head", "fope_init_factor")}
+            return FourierRotaryEmbedding(*dims, max_position, base, is_neox_style, dtype, False, **fope)
         return RotaryEmbedding(*dims, max_position, base, is_neox_style, dtype)
     if rope_type == "proportional":
         return Gemma4RotaryEmbedding(*dims, max_position, base, is_neox_style, dtype)
@@ -241,6 +247,5 @@ def _build(rope_type: str, params: dict[str, Any], head_size: int, rotary_dim: i
                                     positions_factor=positions_factor, scaling_factor=factor, **extra)
         return YaRNScalingRotaryEmbedding(*dims, original, base, is_neox_style, factor, dtype, **extra)
     extra = {k: v for k, v in params.items() if k in _DEEPSEEK_KEYS}  # deepseek_yarn, deepseek_llama_scaling
-    if params.get("is_deepseek_v4"):
-        raise NotImplementedError("get_rope: DeepSeek-V4 RoPE (is_deepseek_v4) is not provided by customop")
-    return DeepseekScalingRotaryEmbedding(*dims, original, base, is_neox_style, factor, dtype, **extra)
+    cls = DeepseekV4ScalingRotaryEmbedding if params.get("is_deepseek_v4") else DeepseekScalingRotaryEmbedding
+    return cls(*dims, original, base, is_neox_style, factor, dtype, **extra)
