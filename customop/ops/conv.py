@@ -8,7 +8,8 @@ Qwen2-VL's 3x(2,14,14) -> 1280 patches). Any other convolution is ``F.conv2d``/`
 
 Paths: ``forward_native`` is the spec (the linear form for a patch projection, the convolution
 otherwise); ``forward_cuda = forward_xpu = forward_tpu`` call ``torch.ops.customop.conv2d``/
-``conv3d``, whose body is the same spec on every device; ``forward_cpu`` is the spec too: on the
+``conv3d``, whose GPU kernel gathers the patches with Triton into aligned rows for one cuBLAS GEMM
+(``backends/triton/conv.py``) and whose body elsewhere is the spec; ``forward_cpu`` is the spec too: on the
 CPU the linear form measured as fast as oneDNN's convolution or much faster
 (benchmarks/results/cpu_conv.md). Parameters ``weight`` ``[out, in // groups, *kernel]`` and
 ``bias`` ``[out]`` are named and shaped as ``nn.Conv2d``/``nn.Conv3d``'s, so a regular conv

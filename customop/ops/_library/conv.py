@@ -8,9 +8,10 @@ dim, ``padding_mode`` one of ``zeros``, ``reflect``, ``replicate``, ``circular``
 a ``[B, *grid, out]`` product viewed channels-first (the linear form's layout, no copy); for any
 other convolution a contiguous tensor.
 
-No backend registers a kernel for them yet: the reference body below, the spec, runs on every
-device (the linear form is one cuBLAS/oneDNN/XLA GEMM; ``F.conv*`` is cuDNN/oneDNN's). The fake
-reproduces the output's shape and strides.
+The reference body below, the spec, runs where no backend registers a kernel (the linear form
+is one oneDNN/XLA GEMM; ``F.conv*`` is oneDNN's). The GPU backends register
+``backends/triton/conv.py`` (one Triton gather into 16-byte aligned rows, then cuBLAS). A kernel
+must return the layout the fake reproduces (shape and strides).
 """
 
 from __future__ import annotations
