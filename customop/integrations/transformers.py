@@ -137,6 +137,12 @@ class _Patch:
             return _hf_rotary.release(self.original, self.replacement)
         if self.owner._modules.get(self.attr) is not self.replacement:
             return False
+        # parameters the replacement holds under the original's names: if a conversion made new
+        # parameter objects since (to_empty, overwrite-on-conversion), the original takes them
+        for name, param in self.original._parameters.items():
+            current = self.replacement._parameters.get(name)
+            if current is not None and current is not param:
+                self.original._parameters[name] = current
         setattr(self.owner, self.attr, self.original)
         return True
 

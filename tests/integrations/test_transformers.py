@@ -304,38 +304,22 @@ def test_deepcopy_of_a_patched_model_unpatches_on_its_own():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["llama", "phi3", "gemma3", "qwen3_moe"])
-def test_compiled_patched_model_has_no_graph_break(arch):
-    """fullgraph=True fails on any graph break; Dynamo's tracing is what decides them, so the
-    eager backend keeps this fast (Inductor: the next test). Hugging Face's own MoE experts break
-    the graph (a loop over the experts hit); patched, the model is one graph."""
+@pytest.mark.parametrize("arch,backend", [("llama", "aot_eager"), ("phi3", "eager"), ("gemma3", "eager"),
+                                          ("qwen3_moe", "aot_eager")])
+def test_compiled_patched_model_has_no_graph_break(arch, backend):
+    """fullgraph=True fails on any graph break, and Dynamo's tracing is what decides them, so
+    Inductor is not needed here (the ops' own tests compile them with it; a tiny model took
+    110 s on CI's box). aot_eager also runs the ops' fake kernels through AOTAutograd."""
     model = build(arch)
     ids = inputs()
     hf.patch(model)
     try:
         want = logits(model, ids)
         torch._dynamo.reset()
-        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
         with torch.no_grad():
             got = compiled(ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-        assert torch.equal(got, want)
-    finally:
-        hf.unpatch(model)
-        torch._dynamo.reset()
-
-
-@pytest.mark.slow
-def test_inductor_compiles_the_patched_model():
-    model = build("llama")
-    ids = inputs()
-    hf.patch(model)
-    try:
-        want = logits(model, ids)
-        torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True)
-        with torch.no_grad():
-            got = compiled(ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-        assert_logits_close(got, want, "inductor")
+        assert_logits_close(got, want, f"{arch} compiled ({backend})")
     finally:
         hf.unpatch(model)
         torch._dynamo.reset()
