@@ -116,7 +116,9 @@ def resolve(env: XpuEnvironment | None = None) -> Resolution:
     """Chooses every op's provider (imports IPEX or Triton only when they can serve XPU tensors)."""
     env = env or probe()
     ipex, ipex_note = _load_ipex(env)
-    ipex_kernels = ipex_ops.bind_all(ipex.llm.functional) if ipex is not None else {}
+    ipex_kernels = {}
+    if ipex is not None:  # llm.modules: GatedMLPMOE
+        ipex_kernels = ipex_ops.bind_all(ipex.llm.functional, getattr(ipex.llm, "modules", None))
     launchers: dict[str, Callable[..., Any]] = {}
     triton_note = env.triton_reason
     if env.triton_xpu:
@@ -129,7 +131,9 @@ def resolve(env: XpuEnvironment | None = None) -> Resolution:
     for op in sorted(set(bodies) | set(launchers) | set(ipex_kernels)):
         candidates: list[tuple[str, str, Callable[..., Any]]] = []
         if op in ipex_kernels:
-            candidates.append(("ipex", "ipex.llm.functional." + ipex_kernels[op].call, ipex_kernels[op].run))
+            call = ipex_kernels[op].call
+            detail = call if call.startswith("ipex.") else "ipex.llm.functional." + call
+            candidates.append(("ipex", detail, ipex_kernels[op].run))
         if op in launchers:
             candidates.append(("triton", "the shared Triton launcher", launchers[op]))
         if env.triton_xpu and op in bodies:

@@ -12,6 +12,8 @@ builds name some functions differently; each binder below picks by what ``fns`` 
 | quick_gelu         | ``gelu_quick(x, out)``                                 | (absent)                                               |
 | rotary_embedding   | ``rotary_embedding_batched(positions, q, k, head_size, | ``rotary_embedding(q, k, sin, cos, rot_dim, is_neox)`` |
 |                    | cos_sin_cache, is_neox, rot_dim)``                     | with sin/cos gathered per token; full rotation only    |
+| mm_encoder_attn    | ``varlen_attention(...)`` (``ipex_attention.py``)      | same                                                   |
+| fused_experts      | ``llm.modules.GatedMLPMOE`` (``ipex_moe.py``)          | same; silu without bias or input weight only           |
 
 In-place behaviour, as the schemas require: ``add_rms_norm(..., add_back=True)`` stores
 ``x + residual`` into ``residual`` and *returns* the normalised sum, which is then copied into
@@ -28,6 +30,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
+
+from customop.backends.xpu import ipex_attention, ipex_moe
 
 Tensor = torch.Tensor
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -191,7 +195,10 @@ BINDERS: dict[str, Callable[[ModuleType], IpexKernel | None]] = {
 }
 
 
-def bind_all(fns: ModuleType) -> dict[str, IpexKernel]:
-    """The IPEX kernels this build of ``llm.functional`` provides, by op name."""
+def bind_all(fns: ModuleType, modules: Any = None) -> dict[str, IpexKernel]:
+    """The IPEX kernels this build of ``llm.functional`` (and ``llm.modules``: GatedMLPMOE)
+    provides, by op name; the attention and MoE binders live in ``ipex_attention``/``ipex_moe``."""
     bound = {op: binder(fns) for op, binder in BINDERS.items()}
+    bound["customop::mm_encoder_attn"] = ipex_attention.bind(fns, modules)
+    bound["customop::fused_experts"] = ipex_moe.bind(fns, modules)
     return {op: kernel for op, kernel in bound.items() if kernel is not None}
