@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from customop.backends.tpu.activation import ACTIVATIONS, act_and_mul, gelu_and_mul, silu_and_mul
+from customop.backends.tpu.activation import (
+    ACTIVATIONS, act_and_mul, gelu_and_mul, silu_and_mul, silu_and_mul_with_clamp, situ_and_mul,
+)
 from customop.backends.tpu.layernorm import (
     fused_rms_norm_gated, gemma_rms_norm, layer_norm, nemotron_layer_norm, rms_norm, rms_norm_gated,
 )
@@ -61,6 +63,8 @@ __all__ = [
     "rms_norm_gated",
     "rotary_embedding",
     "silu_and_mul",
+    "silu_and_mul_with_clamp",
+    "situ_and_mul",
     "use_interpret",
     "varlen_attention",
 ]

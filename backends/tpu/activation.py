@@ -24,7 +24,9 @@ from jax.experimental import pallas as pl
 from customop.backends.tpu import tiling
 
 #: The activations of the *_and_mul family (halves layout: gate first, then up).
-ACTIVATIONS = ("silu", "mul_silu", "gelu", "gelu_tanh", "fatrelu", "swiglustep")
+ACTIVATIONS = ("silu", "mul_silu", "gelu", "gelu_tanh", "fatrelu", "swiglustep", "silu_clamp", "situ")
+#: ``beta`` when the caller gives none: silu_clamp's offset of the up half, situ's tanh scale
+_DEFAULT_BETA = {"silu_clamp": 0.0, "situ": 1.0}
 _COLUMN_BLOCK = 512  # lanes per block when d splits evenly (a multiple of 128)
 
 
@@ -53,7 +55,8 @@ def _gelu(v, approximate: bool):
     return 0.5 * v * (1.0 + _erf(v * (1.0 / math.sqrt(2.0))))
 
 
-def _apply(activation: str, gate, up, threshold: float, limit: float):
+def _apply(activation: str, gate, up, threshold: float, limit: float, alpha: float, beta: float,
+           linear_beta: float | None):
     if activation == "silu":
         return gate * jax.nn.sigmoid(gate) * up
     if activation == "mul_silu":  # the gate is the second half
@@ -64,6 +67,12 @@ def _apply(activation: str, gate, up, threshold: float, limit: float):
         return jnp.where(gate > threshold, gate, 0.0) * up
     if activation == "swiglustep":
         return jnp.minimum(gate * jax.nn.sigmoid(gate), limit) * jnp.clip(up, -limit, limit)
+    if activation == "silu_clamp":  # the clamps come before the activation
+        g = jnp.minimum(gate, limit)
+        return g * jax.nn.sigmoid(alpha * g) * (jnp.clip(up, -limit, limit) + beta)
+    if activation == "situ":
+        g = beta * jnp.tanh(gate / beta) * jax.nn.sigmoid(gate)
+        return g * (up if linear_beta is None else linear_beta * jnp.tanh(up / linear_beta))
     raise ValueError(f"customop.backends.tpu.act_and_mul: activation={activation!r} is not one of {ACTIVATIONS}")
 
 
@@ -77,8 +86,9 @@ def _row_kernel(x_ref, out_ref, *, d: int, **params):
     out_ref[...] = _apply(gate=x[:, :d], up=x[:, d:], **params).astype(out_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("activation", "threshold", "limit", "block_rows", "interpret"))
-def _act_and_mul_jit(x, *, activation, threshold, limit, block_rows, interpret):
+@functools.partial(jax.jit, static_argnames=("activation", "threshold", "limit", "alpha", "beta", "linear_beta",
+                                             "block_rows", "interpret"))
+def _act_and_mul_jit(x, *, activation, threshold, limit, alpha, beta, linear_beta, block_rows, interpret):
     op = "act_and_mul"
     if activation not in ACTIVATIONS:
         raise ValueError(f"customop.backends.tpu.{op}: activation={activation!r} is not one of {ACTIVATIONS}")
@@ -89,7 +99,8 @@ def _act_and_mul_jit(x, *, activation, threshold, limit, block_rows, interpret):
     out_shape = (*x.shape[:-1], d)
     if rows == 0 or d == 0:
         return jnp.zeros(out_shape, x.dtype)
-    params = dict(activation=activation, threshold=threshold, limit=limit)
+    params = dict(activation=activation, threshold=threshold, limit=limit, alpha=alpha, beta=beta,
+                  linear_beta=linear_beta)
     x2 = x.reshape(rows, 2 * d)
     itemsize = x.dtype.itemsize
     common = dict(out_shape=jax.ShapeDtypeStruct((rows, d), x.dtype), interpret=interpret,
@@ -123,14 +134,23 @@ def _act_and_mul_jit(x, *, activation, threshold, limit, block_rows, interpret):
 
 
 def act_and_mul(x: jax.Array, activation: str = "silu", *, threshold: float = 0.0, limit: float = 7.0,
+                alpha: float = 1.0, beta: float | None = None, linear_beta: float | None = None,
                 block_rows: int | None = None, interpret: bool | None = None) -> jax.Array:
     """``act(gate) * up`` for ``x = [gate | up]`` along the last dim; returns ``[..., d]``.
 
     ``activation``: ``"silu"`` (SiluAndMul), ``"mul_silu"`` (MulAndSilu: ``gate * silu(up)``),
     ``"gelu"`` / ``"gelu_tanh"`` (GeluAndMul none/tanh), ``"fatrelu"`` (``gate`` kept where
-    ``> threshold``, else 0), ``"swiglustep"`` (``min(silu(gate), limit) * clip(up, -limit, limit)``).
+    ``> threshold``, else 0), ``"swiglustep"`` (``min(silu(gate), limit) * clip(up, -limit, limit)``),
+    ``"silu_clamp"`` (SiluAndMulWithClamp: ``g = min(gate, limit)``,
+    ``g * sigmoid(alpha * g) * (clip(up, -limit, limit) + beta)``, ``beta`` 0 by default),
+    ``"situ"`` (SituAndMul: ``beta * tanh(gate / beta) * sigmoid(gate)`` times ``up``, or times
+    ``linear_beta * tanh(up / linear_beta)``; ``beta`` 1 by default).
     """
+    if beta is None:
+        beta = _DEFAULT_BETA.get(activation, 0.0)
     return _act_and_mul_jit(x, activation=activation, threshold=float(threshold), limit=float(limit),
+                            alpha=float(alpha), beta=float(beta),
+                            linear_beta=None if linear_beta is None else float(linear_beta),
                             block_rows=block_rows, interpret=tiling.resolve_interpret(interpret))
 
 
@@ -144,3 +164,15 @@ def gelu_and_mul(x: jax.Array, approximate: str = "none", **kwargs) -> jax.Array
     if approximate not in ("none", "tanh"):
         raise ValueError(f"customop.backends.tpu.gelu_and_mul: approximate={approximate!r} is not 'none' or 'tanh'")
     return act_and_mul(x, "gelu" if approximate == "none" else "gelu_tanh", **kwargs)
+
+
+def silu_and_mul_with_clamp(x: jax.Array, swiglu_limit: float, alpha: float = 1.0, beta: float = 0.0,
+                            **kwargs) -> jax.Array:
+    """``g = min(x[..., :d], swiglu_limit)``, ``g * sigmoid(alpha * g) * (clip(x[..., d:], -L, L) + beta)``."""
+    return act_and_mul(x, "silu_clamp", limit=swiglu_limit, alpha=alpha, beta=beta, **kwargs)
+
+
+def situ_and_mul(x: jax.Array, beta: float = 1.0, linear_beta: float | None = None, **kwargs) -> jax.Array:
+    """``beta * tanh(a / beta) * sigmoid(a) * b`` (``b`` through ``linear_beta * tanh(b / linear_beta)``
+    when ``linear_beta`` is given), ``a, b`` the halves of ``x``."""
+    return act_and_mul(x, "situ", beta=beta, linear_beta=linear_beta, **kwargs)

@@ -18,13 +18,14 @@ What runs what (docs/tpu.md has the table):
 - a fused JAX function (no Pallas): ``dynamic_scaled_fp8_quant`` (the reference's whole-tensor
   amax, written ``.amax()``, came back unreduced from torch_xla 2.9) and the three norm backward
   ops (``grads.py``: ``jax.vjp`` of the spec);
-- the op's reference math, functionalized (``_spec``), which XLA fuses: the six gated
-  activations (``silu_and_mul``, ``mul_and_silu``, ``gelu_and_mul``, ``gelu_and_mul_sparse``,
-  ``fatrelu_and_mul``, ``swigluoai_and_mul``). Their default body would run too, but it slices
+- the op's reference math, functionalized (``_spec``), which XLA fuses: the gated activations
+  (``silu_and_mul``, ``mul_and_silu``, ``gelu_and_mul``, ``gelu_and_mul_sparse``,
+  ``fatrelu_and_mul``, ``swigluoai_and_mul``, ``swiglustep_and_mul``, ``silu_and_mul_with_clamp``,
+  ``situ_and_mul``). Their default body would run too, but it slices
   ``x`` at an offset, which torch_xla lowers to a gather when it runs inside an op (see ``_spec``);
 - no ``xla`` kernel, the reference body runs on the XLA device and XLA fuses it:
   ``static_scaled_fp8_quant``, ``rms_norm_dynamic_per_token_fp8_quant``, the elementwise
-  activations (``gelu_new``, ``gelu_fast``, ``quick_gelu``, ``relu2``, ``xielu``).
+  activations (``gelu``, ``gelu_tanh``, ``gelu_new``, ``gelu_fast``, ``quick_gelu``, ``relu2``, ``xielu``).
 
 Per-argument exceptions, inside the kernels: inputs whose dtype the kernels do not take (only
 fp32, bf16 and fp16 do; fp64 does not) run the op's reference math (``customop/math``, through
@@ -299,7 +300,7 @@ def _gated_activation(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
 
 
 GATED_ACTIVATIONS = ("silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_and_mul_sparse", "fatrelu_and_mul",
-                     "swigluoai_and_mul")
+                     "swigluoai_and_mul", "swiglustep_and_mul", "silu_and_mul_with_clamp", "situ_and_mul")
 
 #: op name -> xla kernel
 KERNELS: dict[str, Callable[..., Any]] = {

@@ -12,6 +12,7 @@ The math itself (the spec) is in ``customop/math/activation.py`` and re-exported
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -63,6 +64,9 @@ def _check_input(op: str, x: Any, *, gated: bool, dtypes: tuple[torch.dtype, ...
 FEW_KERNELS_MIN_NUMEL = 1 << 21
 MANY_KERNELS_MIN_NUMEL = 1 << 14
 STATS_KERNELS_MIN_NUMEL = 1 << 11
+#: One ATen kernel (gelu, gelu_tanh): nothing for Inductor to fuse; compiled tied or lost at every
+#: size measured (up to 256x14336), so forward_cpu stays eager.
+NEVER_COMPILE = math.inf
 
 
 def _low_precision_from(fp32_and_fp64: int, bf16_and_fp16: int) -> CpuTiers:
@@ -300,9 +304,9 @@ class SituAndMul(_Activation):
     math_fn = staticmethod(situ_and_mul)
     gated = True
     compile_native_default = True
-    #: eager is ~8 fp32 kernels plus casts: compiled wins from 4x4096 (one thread;
-    #: benchmarks/results/cpu_activation.md)
-    cpu_tiers = CpuTiers(MANY_KERNELS_MIN_NUMEL)
+    #: compiled and eager tie at 64x8192 (Inductor's fp32 tanh is no cheaper than ATen's) and
+    #: compiled wins from 128x8192 (1.4x in fp32), one thread (benchmarks/results/cpu_activation.md)
+    cpu_tiers = CpuTiers(1 << 20)
     repr_fields = ("beta", "linear_beta")
 
     def __init__(self, beta: float = 1.0, linear_beta: float | None = None, **kwargs: Any) -> None:
@@ -326,6 +330,7 @@ class GELU(_Activation):
     returns."""
 
     math_fn = staticmethod(gelu)
+    cpu_tiers = CpuTiers(NEVER_COMPILE)
 
 
 @CustomOp.register("gelu_tanh")
@@ -335,6 +340,7 @@ class GELUTanh(_Activation):
     CPUs."""
 
     math_fn = staticmethod(gelu_tanh)
+    cpu_tiers = CpuTiers(NEVER_COMPILE)
 
 
 @CustomOp.register("gelu_new")

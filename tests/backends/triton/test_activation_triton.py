@@ -81,7 +81,8 @@ TILED = {
     "silu_and_mul": lambda x, op, cfg: act._and_mul(x, act.SILU, config=cfg),
     "gelu_and_mul[tanh]": lambda x, op, cfg: act._and_mul(x, act.GELU_TANH, config=cfg),
     "swiglustep_and_mul": lambda x, op, cfg: act._and_mul(x, act.SWIGLUSTEP, param=op.limit, config=cfg),
-    "silu_and_mul_with_clamp[1.702,1]": lambda x, op, cfg: act.silu_and_mul_with_clamp(x, *kernel_args(op), config=cfg),
+    "silu_and_mul_with_clamp[1.702,1]":
+        lambda x, op, cfg: act.silu_and_mul_with_clamp(x, *kernel_args(op), config=cfg),
     "situ_and_mul[4,25]": lambda x, op, cfg: act.situ_and_mul(x, *kernel_args(op), config=cfg),
     "swigluoai_and_mul": lambda x, op, cfg: act.swigluoai_and_mul(x, *kernel_args(op), config=cfg),
 }
