@@ -50,8 +50,12 @@ def _norm_const(res=False, weight=True, gemma=False, single=True, bm=1, bn=8192,
 
 
 ALIGNED_NORM = ("x_ptr", "res_ptr", "out_ptr", "w_ptr", "n_cols", "x_stride", "res_stride", "out_stride")
-_GATED_SIG = {"x_ptr": P, "z_ptr": P, "out_ptr": P, "w_ptr": P, "n_rows": "i32", "group_size": "i32",
-              "x_stride": "i32", "z_stride": "i32", "out_stride": "i32", "eps": "fp32"}
+_GATED_SIG = {"x_ptr": P, "z_ptr": P, "out_ptr": P, "w_ptr": P, "res_ptr": P, "res_out_ptr": P, "n_rows": "i32",
+              "group_size": "i32", "x_stride": "i32", "z_stride": "i32", "out_stride": "i32", "res_stride": "i32",
+              "res_out_stride": "i32", "eps": "fp32"}
+_LN_SIG = {"x_ptr": P, "res_ptr": P, "out_ptr": P, "w_ptr": P, "b_ptr": P, "n_rows": "i32", "n_cols": "i32",
+           "x_stride": "i32", "res_stride": "i32", "out_stride": "i32", "eps": "fp32"}
+ALIGNED_LN = ALIGNED_NORM + ("b_ptr",)
 _AND_MUL_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
                 "gate_offset": "i32", "up_offset": "i32", "param": "fp32", "param2": "fp32", "param3": "fp32"}
 _OAI_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
@@ -80,14 +84,39 @@ def cases():
     yield "gemma 8192", k, _norm_sig(w="*fp32"), _norm_const(gemma=True), 16, ALIGNED_NORM
     yield "gemma fused_add", k, _norm_sig(), _norm_const(res=True, gemma=True), 16, ALIGNED_NORM
     g = norm._rms_norm_gated_kernel
-    gal = ("x_ptr", "z_ptr", "out_ptr", "w_ptr", "group_size", "x_stride", "z_stride", "out_stride")
+    gal = ("x_ptr", "z_ptr", "out_ptr", "w_ptr", "res_ptr", "res_out_ptr", "group_size", "x_stride", "z_stride",
+           "out_stride", "res_stride", "res_out_stride")
+    plain = {"HAS_WEIGHT": True, "HAS_RESIDUAL": False}
     for z, nbg, sig in ((True, False, False), (True, True, True)):
-        const = {"HAS_Z": z, "NORM_BEFORE_GATE": nbg, "SIGMOID": sig, "SINGLE_TILE": True, "BLOCK_M": 1, "BLOCK_N": 8192}
+        const = {"HAS_Z": z, "NORM_BEFORE_GATE": nbg, "SIGMOID": sig, "SINGLE_TILE": True, "BLOCK_M": 1, "BLOCK_N": 8192,
+                 **plain}
         yield f"gated z={z} nbg={nbg} sigmoid={sig}", g, _GATED_SIG, const, 16, gal
-    const = {"HAS_Z": True, "NORM_BEFORE_GATE": False, "SIGMOID": False, "SINGLE_TILE": True, "BLOCK_M": 4, "BLOCK_N": 1024}
+    const = {"HAS_Z": True, "NORM_BEFORE_GATE": False, "SIGMOID": False, "SINGLE_TILE": True, "BLOCK_M": 4, "BLOCK_N": 1024,
+             **plain}
     yield "gated group 1024 x4 rows", g, _GATED_SIG, const, 4, gal
-    const = {"HAS_Z": True, "NORM_BEFORE_GATE": True, "SIGMOID": False, "SINGLE_TILE": False, "BLOCK_M": 1, "BLOCK_N": 8192}
+    const = {"HAS_Z": True, "NORM_BEFORE_GATE": True, "SIGMOID": False, "SINGLE_TILE": False, "BLOCK_M": 1, "BLOCK_N": 8192,
+             **plain}
     yield "gated looped", g, _GATED_SIG, const, 16, gal
+    # fused_rms_norm_gated (gate after the norm, whole rows): no weight; the fp32 residual sum
+    fused = {"HAS_Z": True, "NORM_BEFORE_GATE": True, "SIGMOID": False, "SINGLE_TILE": True, "BLOCK_M": 1, "BLOCK_N": 4096}
+    yield "fused_rms_norm_gated noweight 4096", g, _GATED_SIG, dict(fused, HAS_WEIGHT=False, HAS_RESIDUAL=False), 8, gal
+    yield ("fused_add_rms_norm_gated 4096", g, dict(_GATED_SIG, res_out_ptr="*fp32"),
+           dict(fused, HAS_WEIGHT=True, HAS_RESIDUAL=True), 8, gal)
+    yield ("fused_add_rms_norm_gated looped", g, _GATED_SIG,
+           dict(fused, HAS_WEIGHT=True, HAS_RESIDUAL=True, SINGLE_TILE=False, BLOCK_N=8192), 16, gal)
+    ln = norm._layer_norm_kernel
+
+    def ln_const(res=False, one_plus=False, single=True, bm=1, bn=8192, stages=1, weight=True, bias=True):
+        return {"HAS_RESIDUAL": res, "HAS_WEIGHT": weight, "HAS_BIAS": bias, "ONE_PLUS": one_plus,
+                "SINGLE_TILE": single, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages}
+
+    yield "layer_norm 8192", ln, _LN_SIG, ln_const(), 16, ALIGNED_LN
+    yield "layer_norm noaffine 128x32rows", ln, _LN_SIG, ln_const(weight=False, bias=False, bm=32, bn=128), 4, ALIGNED_LN
+    yield "layer_norm fp32 weight", ln, dict(_LN_SIG, w_ptr="*fp32", b_ptr="*fp32"), ln_const(), 16, ALIGNED_LN
+    yield "layer_norm looped", ln, _LN_SIG, ln_const(single=False), 16, ALIGNED_LN
+    yield "nemotron 8192", ln, _LN_SIG, ln_const(one_plus=True), 16, ALIGNED_LN
+    yield "nemotron fused_add persistent 4096", ln, _LN_SIG, ln_const(res=True, one_plus=True, bn=4096, stages=2), 8, ALIGNED_LN
+    yield "nemotron fused_add looped", ln, _LN_SIG, ln_const(res=True, one_plus=True, single=False), 16, ALIGNED_LN
     for name, code in (("silu", act.SILU), ("gelu", act.GELU), ("fatrelu", act.FATRELU), ("swiglustep", act.SWIGLUSTEP),
                        ("silu_clamp", act.SILU_CLAMP), ("situ", act.SITU), ("situ_linear", act.SITU_LINEAR)):
         yield f"and_mul {name} 1x2048", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": code.value, "BLOCK_M": 1, "BLOCK_N": 2048}, 4, ROW_ALIGNED
