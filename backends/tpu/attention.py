@@ -23,7 +23,10 @@ attention inside each segment ``cu_seqlens[i]:cu_seqlens[i + 1]`` (the spec:
   lanes add nothing to ``q . k`` and give zero output lanes, which are sliced away. The sequence is
   padded to the block size.
 - Segment ids are stored lane-replicated for queries (``[T, 128]``) and sublane-replicated for keys
-  (``[8, T]``) so that each block is a legal TPU tile; the kernel compares one column with one row.
+  (``[8, T]``) so that each block is a legal TPU tile; the kernel tiles the query ids across the key
+  block and compares them with one row of key ids, and keeps the running max and sum
+  lane-replicated (``[bq, 128]``), widening them by tiling: the layout pattern of jax's own TPU
+  flash attention, which avoids broadcasting a ``[bq, 1]`` column across several vregs.
 - Precision: scores and ``P @ V`` accumulate in fp32; fp32 inputs multiply at ``HIGHEST``
   precision; 16-bit inputs feed the MXU in their dtype and round the probabilities to it before
   ``P @ V`` (as FlashAttention does).
@@ -59,9 +62,17 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def _widen(x: jax.Array, width: int) -> jax.Array:
+    """A lane-replicated ``[rows, 128]`` array as ``[rows, width]``: tiled, or its first lanes when
+    ``width`` < 128 (the pattern of jax's own TPU flash attention, which avoids broadcasting a
+    ``[rows, 1]`` column across more than one vreg)."""
+    return jnp.tile(x, (1, width // LANES)) if width >= LANES else x[:, :width]
+
+
 def _flash_kernel(lo_ref, hi_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref, o_ref, m_sc, l_sc, acc_sc, *,
                   scale: float, precision):
     qi, ki = pl.program_id(1), pl.program_id(2)
+    bk, dim = k_ref.shape[0], acc_sc.shape[1]
 
     @pl.when(ki == 0)
     def _init():
@@ -74,25 +85,25 @@ def _flash_kernel(lo_ref, hi_ref, q_seg_ref, kv_seg_ref, q_ref, k_ref, v_ref, o_
         q, k, v = q_ref[...], k_ref[...], v_ref[...]
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
                             precision=precision) * scale                       # [bq, bk]
-        same = q_seg_ref[:, 0:1] == kv_seg_ref[0:1, :]                          # [bq, 1] == [1, bk]
+        same = _widen(q_seg_ref[...], bk) == kv_seg_ref[0:1, :]                 # [bq, bk] == [1, bk]
         s = jnp.where(same, s, _MASK_VALUE)
-        m_prev = m_sc[:, 0:1]
-        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-        p = jnp.where(same, jnp.exp(s - m_next), 0.0)
+        m_prev = m_sc[...]                                                      # [bq, 128], lane-replicated
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1)[:, None])
+        p = jnp.where(same, jnp.exp(s - _widen(m_next, bk)), 0.0)
         alpha = jnp.exp(m_prev - m_next)
-        l_next = alpha * l_sc[:, 0:1] + jnp.sum(p, axis=1, keepdims=True)
+        l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1)[:, None]
+        m_sc[...] = m_next
         pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32,
                              precision=precision)
-        acc_sc[...] = acc_sc[...] * alpha + pv
-        m_sc[...] = jnp.broadcast_to(m_next, m_sc.shape)
-        l_sc[...] = jnp.broadcast_to(l_next, l_sc.shape)
+        acc_sc[...] = acc_sc[...] * _widen(alpha, dim) + pv
 
     @pl.when(ki == pl.num_programs(2) - 1)
     def _finish():
-        l = l_sc[:, 0:1]
+        l = l_sc[...]
         # every real query row has at least one key (itself); the guard keeps a malformed
         # cu_seqlens from producing a NaN
-        o_ref[...] = jnp.where(l > 0, acc_sc[...] / jnp.where(l > 0, l, 1.0), 0.0).astype(o_ref.dtype)
+        inv = jnp.where(l > 0, 1.0 / jnp.where(l > 0, l, 1.0), 0.0)
+        o_ref[...] = (acc_sc[...] * _widen(inv, dim)).astype(o_ref.dtype)
 
 
 def _blocks(total: int, block_q: int | None, block_k: int | None) -> tuple[int, int, int]:

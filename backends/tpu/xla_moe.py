@@ -4,7 +4,7 @@ the grouped-matmul Pallas kernel for both expert GEMMs; ``xla_kernels.py`` the b
 | op | on XLA tensors |
 |---|---|
 | ``fused_experts`` | two grouped-matmul Pallas calls; sorting, activation, weighting and the top-k sum in XLA |
-| ``fused_topk``, ``grouped_topk`` | no ``xla`` kernel: the reference body (fp32 scores, a stable sort) runs on the XLA device |
+| ``fused_topk``, ``grouped_topk`` | no ``xla`` kernel: the reference body (fp32 scores, stable sort) on XLA |
 | ``moe_align_block_size`` | no ``xla`` kernel (the Triton route's layout; the TPU path does not use it) |
 
 Float inputs in a dtype the kernel does not take (fp64) run the op's spec (``customop/math/moe.py``).

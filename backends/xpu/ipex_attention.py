@@ -16,8 +16,8 @@ provider instead.
 
 ``max_seqlen <= 0`` ("unknown") reads and checks ``cu_seqlens`` on the host first, as the Triton
 kernel does (the same ``ValueError`` as the reference for a bad one). Handed to the chain's next
-provider: a scale other than ``head_size ** -0.5``, fp64, head sizes above 256 (the XPU build's limits are not known here: never run on an
-Intel GPU), a ``cu_seqlens`` that is not int32.
+provider: a scale other than ``head_size ** -0.5``, fp64, head sizes above 256 (the XPU build's
+limits are not known here: never run on an Intel GPU), a ``cu_seqlens`` that is not int32.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ CALL = "varlen_attention(q, k, v, out, cu, cu, None, max_seqlen, max_seqlen, 0.0
 
 
 def supports(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float) -> bool:
-    return (query.dim() == 3 and math.isclose(scale, query.shape[-1] ** -0.5, rel_tol=1e-9) and query.dtype in DTYPES and key.dtype == query.dtype and value.dtype == query.dtype
-            and query.shape[-1] <= MAX_HEAD_DIM and cu_seqlens.dtype == torch.int32)
+    return (query.dim() == 3 and query.dtype in DTYPES and key.dtype == query.dtype and value.dtype == query.dtype
+            and query.shape[-1] <= MAX_HEAD_DIM and cu_seqlens.dtype == torch.int32
+            and math.isclose(scale, query.shape[-1] ** -0.5, rel_tol=1e-9))  # the CPU build ignores the scale
 
 
 def bind(fns: ModuleType, modules: Any = None):
