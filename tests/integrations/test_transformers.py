@@ -34,6 +34,7 @@ ARCHS = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
                                                "partial_rotary_factor": 0.5}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     # layer 1 is a dense MLP (Qwen3MoeMLP) next to layer 0's sparse block
@@ -51,7 +52,7 @@ LAYER_PARTS = {
     "mixtral": ["self_attn", "mlp.experts", "input_layernorm", "post_attention_layernorm"],
 }
 LAYER_PARTS.update(mistral=LAYER_PARTS["llama"], qwen2=LAYER_PARTS["llama"], phi3=LAYER_PARTS["llama"],
-                   gemma=LAYER_PARTS["llama"])
+                   gemma=LAYER_PARTS["llama"], gemma2=[p for p in LAYER_PARTS["gemma3"] if "_norm" not in p])
 
 #: the kind of replacement each report entry names, per arch (class names in the report's text)
 KINDS = {
@@ -61,7 +62,7 @@ KINDS = {
     "mixtral": {"RMSNorm", "TransformersMoERunner", "ApplyRotaryEmb"},
     "qwen3_moe": {"RMSNorm", "TransformersMoERunner", "GatedMLP", "SiluAndMul", "ApplyRotaryEmb"},
 }
-KINDS.update(mistral=KINDS["llama"], qwen2=KINDS["llama"], qwen3=KINDS["llama"], gemma3=KINDS["gemma"])
+KINDS.update(mistral=KINDS["llama"], qwen2=KINDS["llama"], qwen3=KINDS["llama"], gemma2=KINDS["gemma"], gemma3=KINDS["gemma"])
 
 #: every op patch may build, enabled explicitly (the kernel route on a forced CUDA platform)
 ALL_OPS = ["none", *(f"+{name}" for name in hf.OP_NAMES)]
