@@ -181,3 +181,22 @@ def test_forward_xpu_end_to_end(xpu_build_with_attention, packing):
     assert xpu_build_with_attention.llm.functional.calls == ["varlen_attention"]
     assert_close(out, reference(case, op, packing, q, k, v), torch.float16)
 
+
+
+def test_triton_takes_what_ipex_cannot(xpu_build_with_attention, monkeypatch):
+    """With Triton on XPU, calls varlen_attention cannot take (here another scale) go to the
+    shared Triton launcher (recording stand-ins here)."""
+    seen: list[str] = []
+    bodies = chain.library_bodies()
+
+    def launcher(op):
+        return lambda *args: seen.append(op) or bodies[op](*args)
+
+    monkeypatch.setattr(chain, "triton_kernels", lambda: {op: launcher(op) for op in bodies})
+    choice = chain.install(env(triton_xpu=True, triton_reason="test")).choices["customop::mm_encoder_attn"]
+    assert (choice.provider, choice.fallback) == ("ipex", "triton")
+    q, k, v, cu = packed((3, 9), 2, 1, 64, torch.float32)
+    for scale in (0.125, 0.1):
+        assert_close(xpu_kernel("mm_encoder_attn", q, k, v, cu, 9, scale), ref_packed(q, k, v, [3, 9], scale))
+    assert seen == ["customop::mm_encoder_attn"]
+    assert xpu_build_with_attention.llm.functional.calls == ["varlen_attention"]

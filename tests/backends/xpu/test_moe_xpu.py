@@ -199,3 +199,23 @@ def test_fused_moe_forward_xpu_end_to_end(xpu_build_with_moe, label):
         out = layer(x, logits)
     assert FakeGatedMLPMOE.built == before + 1
     ref.assert_layer(label, out, ref.layer_output(layer, x, logits), torch.float16)
+
+
+def test_triton_takes_what_ipex_cannot(xpu_build_with_moe, monkeypatch):
+    """With Triton on XPU, calls GatedMLPMOE cannot compute go to the shared Triton launcher
+    (recording stand-ins here: the real launchers run in the main tier's Triton tests)."""
+    seen: list[str] = []
+    bodies = chain.library_bodies()
+
+    def launcher(op):
+        return lambda *args: seen.append(op) or bodies[op](*args)
+
+    monkeypatch.setattr(chain, "triton_kernels", lambda: {op: launcher(op) for op in bodies})
+    choice = chain.install(env(triton_xpu=True, triton_reason="test")).choices["customop::fused_experts"]
+    assert (choice.provider, choice.fallback) == ("ipex", "triton")
+    for label in ("silu E6 k3 H40 I24", "gelu E4 k1 H36 I20 sigmoid"):
+        case, layer = build(label, torch.float32)
+        x, w, ids = routed_inputs(layer, case, 3, torch.float32, generator=gen(label, "triton"))
+        ref.assert_layer(label, xpu_kernel("fused_experts", *op_args(layer, x, w, ids)),
+                         ref.experts(layer, x, w, ids), torch.float32)
+    assert seen == ["customop::fused_experts"]  # the gelu layer only
