@@ -27,7 +27,7 @@ import dataclasses
 
 import torch
 
-from customop.ops.rotary_embedding import ApplyRotaryEmb, RotaryEmbedding
+from customop.ops.rotary_embedding import ApplyRotaryEmb, RotaryEmbedding, get_rope
 from customop.testing import FLOAT_DTYPES, Sample, assert_close, randn, register_samples
 
 MAX_POS = 4096
@@ -151,8 +151,7 @@ class RopeTypeCase:
     rope_parameters: dict
     positions: int
 
-    def build(self, dtype: torch.dtype):
-        from customop.ops.rotary_embedding import get_rope
+    def build(self, dtype: torch.dtype) -> RotaryEmbedding:
         return get_rope(self.head_size, self.max_position, self.is_neox, self.rope_parameters, dtype)
 
 
