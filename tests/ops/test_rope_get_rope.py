@@ -134,6 +134,8 @@ def test_errors():
         get_rope(D, 1024, True, {"use_fope": True})
     # the pre-0.33 positional order gets a clear error, not "unhashable type"
     with pytest.raises(TypeError, match="get_rope: rope_parameters must be a dict"):
-        get_rope(D, D, 1024, 10000.0, True, None, torch.float32)
+        get_rope(D, D, True, 10000.0, True, None, torch.float32)
+    with pytest.raises(TypeError, match="get_rope: is_neox_style must be a bool, got 1024"):
+        get_rope(D, D, 1024)  # old: rotary_dim, max_position; new: max_position, is_neox_style
     with pytest.raises(TypeError, match="unexpected keyword"):
         get_rope(D, 1024, rope_paramters={})

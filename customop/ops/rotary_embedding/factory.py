@@ -48,6 +48,7 @@ YaRN's older ``extrapolation_factor``/``attn_factor`` do nothing). A missing key
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from typing import Any
 
@@ -159,8 +160,11 @@ def get_rope(head_size: int, max_position: int, is_neox_style: bool = True,
     if rope_parameters is not None and not isinstance(rope_parameters, dict):
         raise TypeError(f"get_rope: rope_parameters must be a dict or None, got {type(rope_parameters).__name__} "
                         "(vLLM 0.33's order: head_size, max_position, is_neox_style, rope_parameters, dtype, ...)")
-    if isinstance(max_position, bool) or not isinstance(max_position, int):
+    if isinstance(max_position, bool) or not isinstance(max_position, numbers.Integral):
         raise TypeError(f"get_rope: max_position must be an int, got {max_position!r}")
+    if not isinstance(is_neox_style, bool):  # catches a pre-0.33 positional call (rotary_dim, max_position, ...)
+        raise TypeError(f"get_rope: is_neox_style must be a bool, got {is_neox_style!r} (vLLM 0.33's order: "
+                        "head_size, max_position, is_neox_style, rope_parameters, dtype, ...)")
     params = _normalise_legacy_type(dict(rope_parameters or {}))
     base = params.get("rope_theta", 10000)
     rope_type = params.get("rope_type", "default")
