@@ -6,15 +6,17 @@ launcher, three implementations, chosen per call from the inputs (never by timin
 - one batched ``F.scaled_dot_product_attention`` call, no mask, when every segment has the same
   length, which the host knows without reading ``cu_seqlens``: no segment is longer than
   ``max_seqlen``, so ``T == segments * max_seqlen`` forces each to be exactly ``max_seqlen`` (a
-  ViT's equal tiles, a single image). On the H200 (2026-12-01) a loop of SDPA calls beat torch's
-  varlen flash attention 1.9x at 16 heads of 80 and 16384 tokens in 4 segments and 2.3x on one
-  segment of 4096. 16-bit CUDA inputs only, the same reach as the varlen path below.
+  ViT's equal tiles, a single image). On the H200 (2026-12-01, torch 2.11) batched SDPA calls
+  beat torch's varlen flash attention 1.5x at 16 heads of 80 and 16384 tokens in 4, 16 and 64
+  segments and 1.7x on one segment of 4096. 16-bit inputs on NVIDIA GPUs; GQA through SDPA's
+  ``enable_gqa``.
 - torch's own varlen flash attention (``torch.nn.attention.varlen.varlen_attn``, FlashAttention-2
   inside torch) for what it takes: fp16/bf16 on an NVIDIA GPU of compute capability 8.0 or
   newer, head sizes that are multiples of 8 up to 256 (64, 72, 80, 96, 128 all are). The
   project does not rewrite it: on the H200 it measured 265 / 240 / 172 TFLOP/s at 16 heads of
   80 and 16384 tokens in 4 / 16 / 64 segments, where a loop of SDPA calls reached 288 / 72 / 3.6
-  (2026-11-29; issue 13). GQA goes to it as is (FlashAttention-2 groups heads natively).
+  (2026-11-29; issue 13). GQA goes to it where its ``varlen_attn`` takes ``enable_gqa`` (torch
+  2.11's does not: GQA with uneven segments then runs the Triton kernel).
 - the Triton kernel below for everything else: fp32 (torch's flash kernels take 16-bit only),
   AMD and Intel GPUs, older NVIDIA GPUs, head sizes torch's kernel refuses (up to 256).
   Head sizes above 256 run the op's reference (the spec's segment loop) on the device.
@@ -159,15 +161,22 @@ def triton_varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch
 
 @functools.cache
 def _torch_varlen():
-    """torch's ``varlen_attn``, or None where the installed torch lacks it or its ``scale`` and
-    ``enable_gqa`` keywords (the first releases that had it took neither)."""
+    """torch's ``varlen_attn``, or None where the installed torch lacks it or its ``scale``
+    keyword (the first releases that had it took none)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
-    if not {"scale", "enable_gqa"} <= set(inspect.signature(varlen_attn).parameters):
+    if "scale" not in inspect.signature(varlen_attn).parameters:
         return None
     return varlen_attn
+
+
+@functools.cache
+def _torch_varlen_groups_heads() -> bool:
+    """Whether ``varlen_attn`` takes ``enable_gqa`` (torch 2.11's does not: GQA then goes to Triton)."""
+    fn = _torch_varlen()
+    return fn is not None and "enable_gqa" in inspect.signature(fn).parameters
 
 
 @functools.cache
@@ -175,10 +184,17 @@ def _flash_capable(device_index: int) -> bool:
     return torch.version.hip is None and torch.cuda.get_device_capability(device_index) >= (8, 0)
 
 
+def _sdpa_serves(query: torch.Tensor) -> bool:
+    """Whether the batched SDPA route takes these inputs: 16-bit on an NVIDIA GPU (the reach
+    measured; fp32 stays with the Triton kernel, held to fp32's tolerance)."""
+    return query.device.type == "cuda" and query.dtype in (torch.float16, torch.bfloat16) and torch.version.hip is None
+
+
 def torch_flash_serves(query: torch.Tensor, key: torch.Tensor) -> bool:
     """Whether torch's varlen flash attention takes these inputs (see the module docstring)."""
     return (query.device.type == "cuda" and query.dtype in (torch.float16, torch.bfloat16)
             and query.shape[-1] % 8 == 0 and query.shape[-1] <= 256 and _torch_varlen() is not None
+            and (query.shape[1] == key.shape[1] or _torch_varlen_groups_heads())
             and _flash_capable(query.device.index if query.device.index is not None else torch.cuda.current_device()))
 
 
@@ -229,11 +245,11 @@ def mm_encoder_attn(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         return _math.varlen_attention(query, key, value, cu_seqlens, max_seqlen, scale).contiguous()
     query, key, value = _unit_last(query), _unit_last(key), _unit_last(value)
     segments = cu_seqlens.shape[0] - 1
-    if segments > 0 and max_seqlen > 0 and total == segments * max_seqlen and torch_flash_serves(query, key):
+    if segments > 0 and max_seqlen > 0 and total == segments * max_seqlen and _sdpa_serves(query):
         return equal_segments_sdpa(query, key, value, segments, scale)
     if torch_flash_serves(query, key):
-        return _torch_varlen()(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                               scale=scale, enable_gqa=query.shape[1] != key.shape[1])
+        gqa = {"enable_gqa": True} if query.shape[1] != key.shape[1] else {}
+        return _torch_varlen()(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scale, **gqa)
     return triton_varlen_attention(query, key, value, cu_seqlens, max_seqlen, scale)
 
 

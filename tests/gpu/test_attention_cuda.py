@@ -114,7 +114,8 @@ def test_routing_on_this_gpu(attn):
     if torch.cuda.get_device_capability() >= (8, 0) and attn._torch_varlen() is not None:
         for head in (64, 72, 80, 96, 128):
             x = torch.randn(64, 16, head, device="cuda", dtype=torch.bfloat16)
-            assert attn.torch_flash_serves(x, x[:, :4])
+            assert attn.torch_flash_serves(x, x)
+            assert attn.torch_flash_serves(x, x[:, :4]) == attn._torch_varlen_groups_heads()
 
 
 def test_equal_segments_take_one_sdpa_batch(attn, monkeypatch):
