@@ -506,3 +506,41 @@ def test_op_classes_end_to_end(case, batch, dtype, dev, calls):
     if batch.prefill_lens:
         wanted |= {"causal_conv1d_fn", *(scans[:1] if scans else ())}
     assert wanted <= set(calls), f"expected {sorted(wanted)}, ran {calls}"
+
+
+@needs_xla
+@pytest.mark.xla
+def test_xla_openxla_fullgraph_compile(dev, calls):
+    """The decode conv, the state update and the chunked prefill in one openxla graph (the cache
+    writes become auto_functionalized nodes): same outputs and caches as the ops' reference
+    bodies on CPU."""
+    cases = _op_cases(torch.float32)
+    names = ("conv-update", "state_update", "ssd")
+
+    def step(conv_args, update_args, ssd_args):
+        ops = torch.ops.customop
+        return (ops.causal_conv1d_update(*conv_args), ops.selective_state_update(*update_args),
+                ops.ssd_chunk_scan(*ssd_args))
+
+    def copies(device):
+        return [[a.clone().to(device) if isinstance(a, torch.Tensor) else a for a in cases[n][1]] for n in names]
+
+    want_args, got_args = copies("cpu"), copies(dev)
+    want = step(*want_args)
+    got = torch.compile(step, backend="openxla", fullgraph=True)(*got_args)
+    for g, w, name in zip(got, want, names):
+        assert_close(g.cpu(), w, torch.float32, what=name)
+    for g_args, w_args, name, cache in zip(got_args, want_args, names, (1, 0, 7)):
+        assert_close(g_args[cache].cpu(), w_args[cache], torch.float32, what=f"{name} cache")
+    assert {"causal_conv1d_update", "selective_state_update", "ssd_chunk_scan"} <= set(calls)
+
+
+@needs_xla
+@pytest.mark.xla
+@pytest.mark.parametrize("case", ["conv", "selective_scan", "state_update", "ssd"])
+def test_xla_opcheck(case, dev):
+    """Schema (the written caches included), fake and AOT dispatch on XLA tensors."""
+    name, args, _ = _op_cases(torch.float32)[case]
+    args = tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in args)
+    torch.library.opcheck(getattr(torch.ops.customop, name).default, args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
