@@ -8,7 +8,9 @@
   ops on the XLA CPU device against the ops' reference bodies on CPU, the fp64 exception, and
   ``MambaMixer`` / ``MambaMixer2`` / ``ShortConv`` built for the TPU platform end to end.
 
-No TPU ran any of this. Shapes are small (interpret mode runs one grid step at a time).
+No TPU ran any of this. Shapes are small: interpret mode runs one grid step at a time, and XLA
+compiles each kernel shape in seconds (the SSD kernel's took 7.5 s on a busy 2-core machine), so
+the extra shapes are marked ``slow``.
 """
 
 from __future__ import annotations
@@ -153,7 +155,8 @@ def ref_mamba2(v, batch, H, P, N, jd, sd, with_z=False):
     return y, cache, want_cache
 
 
-@pytest.mark.parametrize("chunk,dtype,sdtype", [(4, "fp32", "fp32"), (8, "bf16", "bf16")],
+@pytest.mark.parametrize("chunk,dtype,sdtype", [(4, "fp32", "fp32"), pytest.param(8, "bf16", "bf16",
+                                                                                   marks=pytest.mark.slow)],
                          ids=["chunk4-fp32", "chunk8-bf16-bf16-state"])
 def test_ssd_chunk_scan(chunk, dtype, sdtype):
     """Lengths 1, 2, 7, 0, 9 against chunks of 4 and 8 (chunk - 1, chunk + 1, several chunks, an
@@ -171,6 +174,7 @@ def test_ssd_chunk_scan(chunk, dtype, sdtype):
     check_cache(new, want_cache, cache, written, sd, "ssm cache")
 
 
+@pytest.mark.slow  # interpret mode: an XLA compile of several seconds per kernel shape
 def test_ssd_padding_request_and_one_chunk_per_token():
     """A padding request (PAD_SLOT_ID) is computed from zeros and writes nothing; chunk 1 (every
     token its own chunk) equals the recurrence; no D, no dt_bias, no softplus."""
@@ -238,6 +242,7 @@ def test_state_update_mamba1(dtype):
     check_cache(new, want_cache, cache, set(decode_slots[:DECODE.decodes]), jnp.float32, "ssm cache")
 
 
+@pytest.mark.slow  # interpret mode: an XLA compile of several seconds per kernel shape
 def test_state_update_several_blocks(monkeypatch):
     """Several head blocks and row blocks per request (a small VMEM budget forces them): each block
     writes its own part of the slot."""
