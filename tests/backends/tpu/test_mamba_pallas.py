@@ -343,6 +343,30 @@ def test_lowers_to_mosaic(name):
     assert "tpu_custom_call" in exported.mlir_module(), f"{name}: no Mosaic call in the TPU lowering"
 
 
+@pytest.mark.tpu_hw
+def test_runs_on_a_real_tpu():
+    """Compiled by Mosaic and run against interpret mode, on a TPU only (never run so far: no TPU
+    was available). The first TPU run should also time them."""
+    if jax.default_backend() != "tpu":
+        pytest.skip("needs a real TPU")
+    gen = torch.Generator().manual_seed(0)
+    H, P, N, G = 8, 64, 128, 1
+    v = scan_inputs(gen, 300, H, P, N, G, 6)
+    expand = lambda t: t[..., None].expand(*t.shape, P)  # noqa: E731
+    slots = jnp.asarray([3, 0, 5, -1], jnp.int32)
+    decode = [to_jax(a) for a in (v["cache"], v["x"][:4], expand(v["dt"][:4]), v["A"][:, None, None].expand(H, P, N),
+                                  v["B"][:4], v["C"][:4], expand(v["D"]), v["z"][:4], expand(v["bias"]))]
+    prefill = [to_jax(a) for a in (v["x"], v["dt"], v["A"], v["B"], v["C"], v["D"], v["bias"], v["cache"])]
+    meta = (jnp.asarray([0, 100, 300], jnp.int32), jnp.asarray([2, 4], jnp.int32), jnp.asarray([True, False]))
+    for interpret in (False, True):
+        got = (mamba.selective_state_update(*decode, slots, dt_softplus=True, interpret=interpret),
+               mamba.ssd_chunk_scan(*prefill, *meta, chunk_size=64, interpret=interpret))
+        if not interpret:
+            on_tpu = got
+    for a, b in zip(jax.tree_util.tree_leaves(on_tpu), jax.tree_util.tree_leaves(got)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+
+
 # ---- torch_xla: the xla kernels and the op classes (tpu tier) -----------------------------------------
 
 needs_xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None or
