@@ -292,7 +292,8 @@ def _check_affine(op: str, hidden_size: int, x: torch.Tensor, weight: torch.Tens
                 raise ValueError(f"customop.{op}: bias has shape {tuple(t.shape)}, expected ({hidden_size},)")
         mixed = x.dtype in (torch.bfloat16, torch.float16) and t.dtype == torch.float32
         if t.dtype != x.dtype and not mixed:
-            raise TypeError(f"customop.{op}: {arg} has dtype {t.dtype}, expected x's {x.dtype} or torch.float32")
+            raise TypeError(f"customop.{op}: {arg} has dtype {t.dtype}, expected x's {x.dtype} "
+                            "(or torch.float32 under a bf16/fp16 x)")
     if weight is not None and bias is not None and bias.dtype != weight.dtype:
         raise TypeError(f"customop.{op}: bias has dtype {bias.dtype}, expected weight's {weight.dtype}")
 
