@@ -27,7 +27,6 @@ The table gives milliseconds and the speedup over ``eager`` in each column.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -79,7 +78,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_ms(fn: Callable[[], object], device: str, reps: int, calls: int = 1, before: Callable[[], None] | None = None) -> float:
+def time_ms(fn: Callable[[], object], device: str, reps: int, calls: int = 1,
+            before: Callable[[], None] | None = None) -> float:
     """Median over ``reps`` of the time of ``calls`` back-to-back calls of ``fn``, per call (ms);
     ``before`` runs untimed before each rep. CUDA events on GPUs, the wall clock on CPUs."""
     samples = []
@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["| variant | " + " | ".join(f"{c} (ms)" for c in columns) + " |",
              "|---|" + "---:|" * len(columns)]
     for variant, row in results.items():
-        cells = [f"{v:.3f}" + (f" ({base[i] / v:.2f}x)" if base and variant != "eager" else "") for i, v in enumerate(row)]
+        cells = [f"{v:.3f}" + (f" ({base[i] / v:.2f}x)" if base and variant != "eager" else "")
+                 for i, v in enumerate(row)]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     if "compiled" in results and "compiled+patched" in results:
         ratio = [a / b for a, b in zip(results["compiled"], results["compiled+patched"])]

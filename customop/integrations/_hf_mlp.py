@@ -37,7 +37,8 @@ def _plain(linear: nn.Module) -> bool:
 
 
 def _records_grad(x: torch.Tensor, *linears: nn.Linear) -> bool:
-    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for m in linears for p in m.parameters()))
+    return torch.is_grad_enabled() and (x.requires_grad
+                                        or any(p.requires_grad for m in linears for p in m.parameters()))
 
 
 def _copy_plain_attributes(target: nn.Module, original: nn.Module) -> None:

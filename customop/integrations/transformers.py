@@ -104,7 +104,8 @@ def _activation(act: Any) -> tuple[str, dict[str, Any]] | None:
 
 
 #: *_and_mul op -> the MoE experts' activation name
-_MOE_ACTIVATIONS = {("silu_and_mul", ""): "silu", ("gelu_and_mul", "none"): "gelu", ("gelu_and_mul", "tanh"): "gelu_tanh"}
+_MOE_ACTIVATIONS = {("silu_and_mul", ""): "silu", ("gelu_and_mul", "none"): "gelu",
+                    ("gelu_and_mul", "tanh"): "gelu_tanh"}
 
 
 def _hooked(module: nn.Module) -> bool:
@@ -206,7 +207,8 @@ def _mlp(module: nn.Module, layout: str, allowed: set[str]) -> tuple[nn.Module |
     if name not in allowed:
         return None, ""
     op = _op(name, **kwargs)
-    return MLP_CLASSES[layout](module, op), f"{type(module).__name__} -> {MLP_CLASSES[layout].__name__} + {_describe(op)}"
+    cls = MLP_CLASSES[layout]
+    return cls(module, op), f"{type(module).__name__} -> {cls.__name__} + {_describe(op)}"
 
 
 def _experts(module: nn.Module, block: nn.Module) -> tuple[CustomOp | None, str]:
@@ -273,7 +275,8 @@ def patch(model: nn.Module, *, ops: Iterable[str] | None = None) -> dict[str, st
     ``{module path: what replaced it}``; an empty dict when there was nothing to replace. The
     replacements hold the model's own parameter objects. ``unpatch(model)`` undoes it."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"customop.integrations.transformers.patch: model must be an nn.Module, got {type(model).__name__}")
+        raise TypeError("customop.integrations.transformers.patch: model must be an nn.Module, "
+                        f"got {type(model).__name__}")
     wanted = _wanted(ops)
     records = model.__dict__.setdefault(_PATCHES, [])
     report: dict[str, str] = {}
@@ -338,8 +341,8 @@ def unpatch(model: nn.Module) -> dict[str, str]:
         if record.undo():
             restored[record.path] = record.restored()
         else:
-            logger.warning("customop.integrations.transformers.unpatch: %s was replaced again since patch; left as it is",
-                           record.path)
+            logger.warning("customop.integrations.transformers.unpatch: %s was replaced again since patch; "
+                           "left as it is", record.path)
     return restored
 
 

@@ -17,14 +17,15 @@ import torch
 from customop import Config, CustomOp, use_config
 from customop.testing import forced_platform
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed (the test and hf extras bring it)")
+transformers = pytest.importorskip("transformers",
+                                   reason="transformers is not installed (the test and hf extras bring it)")
 
 from customop.integrations import transformers as hf  # noqa: E402
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
             vocab_size=128, max_position_embeddings=128)
 
-#: arch -> (config class, model class, config overrides, replaced modules per layer / outside the layers)
+#: arch -> (config class, model class, config overrides)
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
@@ -46,9 +47,10 @@ ARCHS = {
 #: what patch replaces in each layer, by the module's path under model.layers.<i>
 LAYER_PARTS = {
     "llama": ["self_attn", "mlp", "input_layernorm", "post_attention_layernorm"],
-    "qwen3": ["self_attn", "self_attn.q_norm", "self_attn.k_norm", "mlp", "input_layernorm", "post_attention_layernorm"],
-    "gemma3": ["self_attn", "self_attn.q_norm", "self_attn.k_norm", "mlp", "input_layernorm", "post_attention_layernorm",
-               "pre_feedforward_layernorm", "post_feedforward_layernorm"],
+    "qwen3": ["self_attn", "self_attn.q_norm", "self_attn.k_norm", "mlp", "input_layernorm",
+              "post_attention_layernorm"],
+    "gemma3": ["self_attn", "self_attn.q_norm", "self_attn.k_norm", "mlp", "input_layernorm",
+               "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"],
     "mixtral": ["self_attn", "mlp.experts", "input_layernorm", "post_attention_layernorm"],
 }
 LAYER_PARTS.update(mistral=LAYER_PARTS["llama"], qwen2=LAYER_PARTS["llama"], phi3=LAYER_PARTS["llama"],
@@ -62,7 +64,8 @@ KINDS = {
     "mixtral": {"RMSNorm", "TransformersMoERunner", "ApplyRotaryEmb"},
     "qwen3_moe": {"RMSNorm", "TransformersMoERunner", "GatedMLP", "SiluAndMul", "ApplyRotaryEmb"},
 }
-KINDS.update(mistral=KINDS["llama"], qwen2=KINDS["llama"], qwen3=KINDS["llama"], gemma2=KINDS["gemma"], gemma3=KINDS["gemma"])
+KINDS.update(mistral=KINDS["llama"], qwen2=KINDS["llama"], qwen3=KINDS["llama"], gemma2=KINDS["gemma"],
+             gemma3=KINDS["gemma"])
 
 #: every op patch may build, enabled explicitly (the kernel route on a forced CUDA platform)
 ALL_OPS = ["none", *(f"+{name}" for name in hf.OP_NAMES)]
