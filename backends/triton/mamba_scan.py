@@ -23,28 +23,52 @@ from customop.backends.triton._common import device_guard, next_pow2, silu, soft
 
 
 @triton.jit
+def _step(state, A, x, dt, B, C, D, z, dt_bias, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
+          SOFTPLUS: tl.constexpr):
+    """One token: the state advanced and the token's output (fp32)."""
+    if HAS_BIAS:
+        dt += dt_bias
+    if SOFTPLUS:
+        dt = softplus(dt)
+    state = state * tl.exp(dt[:, None] * A) + (dt * x)[:, None] * B[None, :]
+    y = tl.sum(state * C[None, :], axis=1)
+    if HAS_D:
+        y += D * x
+    if HAS_Z:
+        y *= silu(z)
+    return state, y
+
+
+@triton.jit
 def _scan_kernel(
     x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, bias_ptr, state_ptr, out_ptr,
     qsl_ptr, slot_ptr, init_ptr, null_slot, head_dim, state_size, heads_per_group,
     sx_t, sx_h, sx_p, sdt_t, sdt_h, sdt_p, sa_h, sa_p, sa_n, sb_t, sb_g, sb_n, sc_t, sc_g, sc_n,
     sd_h, sd_p, sz_t, sz_h, sz_p, sbias_h, sbias_p, ss_s, ss_h, ss_p, ss_n, so_t, so_h,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, DECODE: tl.constexpr,
 ):
     seq, h = tl.program_id(0), tl.program_id(1)
     p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
     n = tl.arange(0, BLOCK_N)
     p_ok, n_ok = p < head_dim, n < state_size
     tile_ok = p_ok[:, None] & n_ok[None, :]
-    start, end = tl.load(qsl_ptr + seq), tl.load(qsl_ptr + seq + 1)
     slot = tl.load(slot_ptr + seq)
     real = (slot >= 0) & (slot != null_slot)
+    if DECODE:  # request `seq` is token `seq`, from its cached state: no token table to read
+        start = seq
+        end = seq + 1
+        from_cache = real
+    else:
+        start, end = tl.load(qsl_ptr + seq), tl.load(qsl_ptr + seq + 1)
+        from_cache = real & (tl.load(init_ptr + seq) != 0)
     g = h // heads_per_group
     state_tile = (state_ptr + tl.maximum(slot, 0).to(tl.int64) * ss_s + h * ss_h
                   + p[:, None] * ss_p + n[None, :] * ss_n)
-    from_cache = real & (tl.load(init_ptr + seq) != 0)
     state = tl.load(state_tile, mask=tile_ok & from_cache, other=0.0).to(tl.float32)
     A = tl.load(a_ptr + h * sa_h + p[:, None] * sa_p + n[None, :] * sa_n, mask=tile_ok, other=0.0).to(tl.float32)
+    D = 0.0
+    dt_bias = 0.0
     if HAS_D:
         D = tl.load(d_ptr + h * sd_h + p * sd_p, mask=p_ok, other=0.0).to(tl.float32)
     if HAS_BIAS:
@@ -54,28 +78,33 @@ def _scan_kernel(
     x_row, dt_row = x_ptr + t0 * sx_t + h * sx_h + p * sx_p, dt_ptr + t0 * sdt_t + h * sdt_h + p * sdt_p
     b_row, c_row = b_ptr + t0 * sb_t + g * sb_g + n * sb_n, c_ptr + t0 * sc_t + g * sc_g + n * sc_n
     z_row, o_row = z_ptr + t0 * sz_t + h * sz_h + p * sz_p, out_ptr + t0 * so_t + h * so_h + p
-    for _ in range(start, end):
-        x = tl.load(x_row, mask=p_ok, other=0.0).to(tl.float32)
-        dt = tl.load(dt_row, mask=p_ok, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            dt += dt_bias
-        if SOFTPLUS:
-            dt = softplus(dt)
-        B = tl.load(b_row, mask=n_ok, other=0.0).to(tl.float32)
-        C = tl.load(c_row, mask=n_ok, other=0.0).to(tl.float32)
-        state = state * tl.exp(dt[:, None] * A) + (dt * x)[:, None] * B[None, :]
-        y = tl.sum(state * C[None, :], axis=1)
-        if HAS_D:
-            y += D * x
+    if DECODE:  # one step, no loop-carried registers (the loop form kept ~226 live at N = 128)
+        z = 0.0
         if HAS_Z:
-            y *= silu(tl.load(z_row, mask=p_ok, other=0.0).to(tl.float32))
-            z_row += sz_t
+            z = tl.load(z_row, mask=p_ok, other=0.0).to(tl.float32)
+        state, y = _step(state, A, tl.load(x_row, mask=p_ok, other=0.0).to(tl.float32),
+                         tl.load(dt_row, mask=p_ok, other=0.0).to(tl.float32),
+                         tl.load(b_row, mask=n_ok, other=0.0).to(tl.float32),
+                         tl.load(c_row, mask=n_ok, other=0.0).to(tl.float32), D, z, dt_bias,
+                         HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS)
         tl.store(o_row, y.to(out_ptr.dtype.element_ty), mask=p_ok)
-        x_row += sx_t
-        dt_row += sdt_t
-        b_row += sb_t
-        c_row += sc_t
-        o_row += so_t
+    else:
+        for _ in range(start, end):
+            z = 0.0
+            if HAS_Z:
+                z = tl.load(z_row, mask=p_ok, other=0.0).to(tl.float32)
+                z_row += sz_t
+            state, y = _step(state, A, tl.load(x_row, mask=p_ok, other=0.0).to(tl.float32),
+                             tl.load(dt_row, mask=p_ok, other=0.0).to(tl.float32),
+                             tl.load(b_row, mask=n_ok, other=0.0).to(tl.float32),
+                             tl.load(c_row, mask=n_ok, other=0.0).to(tl.float32), D, z, dt_bias,
+                             HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS)
+            tl.store(o_row, y.to(out_ptr.dtype.element_ty), mask=p_ok)
+            x_row += sx_t
+            dt_row += sdt_t
+            b_row += sb_t
+            c_row += sc_t
+            o_row += so_t
     if real & (end > start):
         tl.store(state_tile, state.to(state_ptr.dtype.element_ty), mask=tile_ok)
 
@@ -84,7 +113,9 @@ def _strides(t: torch.Tensor | None, dims: int) -> tuple[int, ...]:
     return (0,) * dims if t is None else tuple(t.stride())
 
 
-def _launch(x, dt, A, B, C, D, z, dt_bias, ssm_states, qsl, slots, init, dt_softplus, null_block_id) -> torch.Tensor:
+def _launch(x, dt, A, B, C, D, z, dt_bias, ssm_states, qsl, slots, init, dt_softplus, null_block_id,
+            decode: bool = False) -> torch.Tensor:
+    """``decode``: one token per request, each from its cached state (``qsl``/``init`` unread)."""
     T, H, P = x.shape
     G, N = B.shape[1], B.shape[2]
     out = torch.empty((T, H, P), dtype=x.dtype, device=x.device)
@@ -100,11 +131,12 @@ def _launch(x, dt, A, B, C, D, z, dt_bias, ssm_states, qsl, slots, init, dt_soft
         _scan_kernel[(S, H, triton.cdiv(P, block_p))](
             x, dt, A, B, C, D if D is not None else any_, z if z is not None else any_,
             dt_bias if dt_bias is not None else any_, ssm_states, out,
-            qsl.to(torch.int32), slots.to(torch.int32), init.to(torch.int8), null_block_id, P, N, H // G,
+            qsl if decode else qsl.to(torch.int32), slots, init if decode else init.to(torch.int8),
+            null_block_id, P, N, H // G,
             *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *C.stride(), *_strides(D, 2), *_strides(z, 3),
             *_strides(dt_bias, 2), *ssm_states.stride(), out.stride(0), out.stride(1),
             HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=dt_bias is not None, SOFTPLUS=dt_softplus,
-            BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4)
+            BLOCK_P=block_p, BLOCK_N=block_n, DECODE=decode, num_warps=4)
     return out
 
 
@@ -116,12 +148,10 @@ def selective_scan(x, dt, A, B, C, D, z, dt_bias, ssm_states, query_start_loc, c
 
 def selective_state_update(ssm_states, x, dt, A, B, C, D, z, dt_bias, cache_indices, dt_softplus,
                            null_block_id) -> torch.Tensor:
-    """One token per request, always from the cached state: the scan over ``arange`` offsets."""
-    n = x.shape[0]
-    one_token_each = torch.arange(n + 1, dtype=torch.int32, device=x.device)
-    from_cache = torch.ones(n, dtype=torch.int8, device=x.device)
-    return _launch(x, dt, A, B, C, D, z, dt_bias, ssm_states, one_token_each, cache_indices, from_cache,
-                   dt_softplus, null_block_id)
+    """One token per request, always from the cached state: the kernel's decode form (one launch,
+    nothing allocated besides the output)."""
+    return _launch(x, dt, A, B, C, D, z, dt_bias, ssm_states, cache_indices, cache_indices, cache_indices,
+                   dt_softplus, null_block_id, decode=True)
 
 
 KERNELS = {

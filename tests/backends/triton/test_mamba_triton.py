@@ -221,8 +221,12 @@ def _aot_cases(P="*bf16", S="*fp32"):
     scan = {"x_ptr": P, "dt_ptr": P, "a_ptr": f32, "b_ptr": P, "c_ptr": P, "d_ptr": P, "z_ptr": P, "bias_ptr": P,
             "state_ptr": S, "out_ptr": P, "qsl_ptr": i32, "slot_ptr": i32, "init_ptr": i8}
     flags = dict(HAS_D=True, HAS_BIAS=True, SOFTPLUS=True)
-    yield "scan mamba-2 N=128", mamba_scan._scan_kernel, scan, dict(flags, HAS_Z=False, BLOCK_P=16, BLOCK_N=128), 4
-    yield "scan mamba-1 N=16", mamba_scan._scan_kernel, scan, dict(flags, HAS_Z=True, BLOCK_P=64, BLOCK_N=16), 4
+    for decode in (False, True):
+        form = "decode" if decode else "scan"
+        yield (f"{form} mamba-2 N=128", mamba_scan._scan_kernel, scan,
+               dict(flags, HAS_Z=False, BLOCK_P=16, BLOCK_N=128, DECODE=decode), 4)
+        yield (f"{form} mamba-1 N=16", mamba_scan._scan_kernel, scan,
+               dict(flags, HAS_Z=True, BLOCK_P=64, BLOCK_N=16, DECODE=decode), 4)
     ssd = {"x_ptr": P, "dt_ptr": P, "bias_ptr": P, "a_ptr": f32, "b_ptr": P, "c_ptr": P, "d_ptr": P, "out_ptr": P,
            "delta_ptr": f32, "acum_ptr": f32, "states_ptr": f32, "h_in_ptr": f32, "cache_ptr": S, "cstart_ptr": i32,
            "cend_ptr": i32, "first_ptr": i32, "count_ptr": i32, "slot_ptr": i32, "init_ptr": i8}
