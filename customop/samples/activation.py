@@ -5,8 +5,10 @@
   the width). ``"check"``: ``customop check`` and ``assert_conforms`` (tiny: a run checks every
   op in every dtype). ``"small"``: the paths emulated on a CPU (native, CPU, the Triton
   interpreter): one row, odd sizes (7 rows of 4231 lanes, 33 of 100: masked tails, several rows per
-  program) and a 3-D input. ``"real"``: the GPU tier, up to 32768 tokens; the gated ops at
-  Llama-3-8B's intermediate size 14336, the elementwise ones at hidden sizes.
+  program) and a 3-D input. ``"tpu"``: the TPU tier (Pallas in interpret mode, the XLA CPU
+  device): lane counts in multiples of 128, one row and a 3-D input of 15 rows. ``"real"``: the
+  GPU tier, up to 32768 tokens; the gated ops at Llama-3-8B's intermediate size 14336, the
+  elementwise ones at hidden sizes.
 - ``DTYPES``: every dtype the ops take.
 
 The table ships with the library so that ``customop check`` and a vendor's ``assert_conforms``
@@ -93,6 +95,7 @@ BY_LABEL = {case.label: case for case in CASES}
 SIZES: dict[str, Any] = {
     "check": ((1, 1), (7, 173), (2, 3, 64)),
     "small": ((1, 1), (7, 4231), (33, 100), (3, 5, 64)),
+    "tpu": ((1, 128), (3, 5, 384)),
     "real": {"elementwise": ((1, 4096), (16, 8192), (7, 4231), (4096, 8192), (32768, 8192)),
              "gated": ((1, 14336), (16, 14336), (7, 4231), (4096, 14336), (32768, 14336))},
 }

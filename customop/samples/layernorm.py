@@ -10,8 +10,10 @@
 - ``SIZES``: the inputs of each tier as ``(*leading dims, hidden)``. ``"check"``: ``customop
   check`` / ``assert_conforms``, plus ``COMPILED_CHECK`` for the base rows (above forward_cpu's
   compile threshold). ``"small"``: the paths emulated on a CPU: one row of 8, odd sizes (7 x 4231,
-  33 x 100: masked tails, several rows per program) and a 3-D input. ``"real"``: the GPU tier, up
-  to 32768 x 8192 and rows of 65536.
+  33 x 100: masked tails, several rows per program) and a 3-D input. ``"tpu"``: the TPU tier
+  (Pallas in interpret mode, the XLA CPU device): hidden sizes in multiples of 128 (the gated
+  rows' groups of 32 and 128 lanes), one row and a 3-D input of 15 rows. ``"real"``: the GPU
+  tier, up to 32768 x 8192 and rows of 65536.
 - ``DTYPES``.
 
 Weights are random (not the ones/zeros init), so a path that ignores or misplaces the weight fails.
@@ -187,6 +189,7 @@ COMPILED_CHECK = ((int(RMS_NORM_CPU_TIERS.compile_from(torch.float32)) // 1024 +
 SIZES: dict[str, tuple[tuple[int, ...], ...]] = {
     "check": ((1, 64), (5, 97), (2, 3, 128)),
     "small": ((1, 8), (7, 4231), (33, 100), (3, 5, 64)),
+    "tpu": ((1, 128), (3, 5, 512)),
     "real": ((1, 8192), (16, 4096), (7, 4231), (33, 128), (4096, 8192), (32768, 8192), (2, 65536)),
 }
 DTYPES = FLOAT_DTYPES

@@ -1,14 +1,21 @@
-"""The Pallas kernels in pure JAX (interpret mode on the CPU) against float64 references written
-here, independent of the kernels and of the torch specs. Needs only jax: runs in the main tier.
+"""The Pallas kernels in interpret mode on the CPU. Needs only jax: runs in the main tier (and in
+the tpu tier).
 
-Shapes are small (interpret mode runs one grid step at a time, ~0.3 s compile per new shape):
-1, 7 and 64 rows of 128-1024 lanes, fp32 and bf16, ``block_rows=8`` for multi-step grids with a
-partial last block, and the default (one full-dim block) for odd row counts.
+1. The case tables (``customop/samples/<family>.py``, their ``"tpu"`` sizes): every row whose
+   ``customop::`` op has an ``xla`` kernel (``xla_kernels.KERNELS``) runs through that kernel, as
+   ``forward_kernel`` calls it, on CPU tensors: ``call_jax`` (torch_xla's bridge) is replaced by
+   a CPU one that hands the tensors to the same JAX functions as arrays. Judged by the float64
+   references of ``tests/cases``. A new row, or a new op given an ``xla`` kernel, is tested here
+   with no edit of this file.
+2. What only the JAX API reaches: multi-step grids with a partial last block (``block_rows=8``
+   on 20 rows; the tables' sizes fit one block), the variance over the first lanes, the inverse
+   rotation, the gated activation kernel for JAX users, the quant bounds as arguments and ue8m0's
+   exact rounding, empty inputs and the interpret decision. Also judged by ``tests/cases``.
+
+Shapes are small: interpret mode runs one grid step at a time, ~0.3 s of compile per new shape.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
@@ -18,227 +25,199 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from customop.backends import tpu  # noqa: E402
+from customop.backends.tpu import xla_kernels  # noqa: E402
 from customop.math import quant as qm  # noqa: E402
 from customop.math.fp8 import fp8_max  # noqa: E402
+from customop.samples import activation as act_table  # noqa: E402
+from customop.samples import quant as quant_table  # noqa: E402
+from customop.samples import rotary as rope_table  # noqa: E402
 from customop.testing import assert_close  # noqa: E402
+from tests.backends import kernel_cases  # noqa: E402
+from tests.cases import activation as act_ref  # noqa: E402
+from tests.cases import layernorm as norm_ref  # noqa: E402
+from tests.cases import quant as quant_ref  # noqa: E402
+from tests.cases import rotary as rope_ref  # noqa: E402
 
-DTYPES = {"fp32": (jnp.float32, torch.float32), "bf16": (jnp.bfloat16, torch.bfloat16)}
-# (rows, hidden, block_rows): one row; odd rows in one full-dim block; a multi-step grid whose
-# last block is partial (20 = 8 + 8 + 4); 64 rows in 8 steps.
-SHAPES = [(1, 128, None), (7, 384, None), (20, 256, 8), (64, 1024, 8)]
-
-
-def _rand(shape, dtype, seed, scale=1.0):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale, dtype=dtype)
-
-
-def _f64(a) -> np.ndarray:
-    return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+#: the xla kernels that are Pallas or JAX code (fp32 inside, one rounding); the others are the
+#: op's spec, functionalized, and round where it does
+COMPUTED = set(xla_kernels.KERNELS) - set(getattr(xla_kernels, "GATED_ACTIVATIONS", ()))
+FP8 = torch.float8_e4m3fn
+_FP8_TORCH = {jnp.dtype(jnp.float8_e4m3fn): torch.float8_e4m3fn, jnp.dtype(jnp.float8_e5m2): torch.float8_e5m2}
 
 
-def _check(actual, expected: np.ndarray, tdtype: torch.dtype, what: str = "output") -> None:
-    assert_close(torch.from_numpy(_f64(actual)), torch.from_numpy(expected), dtype=tdtype, what=what)
+def to_jax(t):
+    """A CPU tensor as a jax array of the same dtype and values (None and Python values pass)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return jnp.asarray(t.float().numpy()).astype(jnp.bfloat16)  # exact: bf16 widens to fp32
+    return jnp.asarray(t.numpy())
 
 
-def _rms64(h: np.ndarray, eps: float, count: int | None = None) -> np.ndarray:
-    count = h.shape[-1] if count is None else count
-    return h / np.sqrt((h[..., :count] ** 2).mean(-1, keepdims=True) + eps)
+def to_torch(a):
+    if a is None:
+        return None
+    if a.dtype == jnp.bfloat16:
+        return torch.from_numpy(np.array(a.astype(jnp.float32))).to(torch.bfloat16)
+    if a.dtype in _FP8_TORCH:
+        return torch.from_numpy(np.asarray(a).view(np.uint8).copy()).view(_FP8_TORCH[a.dtype])
+    return torch.from_numpy(np.array(a))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,hidden,block", SHAPES)
-def test_rms_norm(rows, hidden, block, dtype):
-    jd, td = DTYPES[dtype]
-    x, w = _rand((rows, hidden), jd, 0), _rand((hidden,), jd, 1)
-    y = tpu.rms_norm(x, w, 1e-6, block_rows=block, interpret=True)
-    assert y.shape == x.shape and y.dtype == x.dtype
-    _check(y, _rms64(_f64(x), 1e-6) * _f64(w), td)
+def _static(v):
+    """A torch dtype among the static arguments as JAX's (``call_jax`` converts them too)."""
+    return jnp.dtype(str(v).removeprefix("torch.")) if isinstance(v, torch.dtype) else v
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,hidden,block", SHAPES[1:3])
-def test_fused_add_rms_norm(rows, hidden, block, dtype):
-    jd, td = DTYPES[dtype]
-    x, r, w = _rand((rows, hidden), jd, 0), _rand((rows, hidden), jd, 2), _rand((hidden,), jd, 1)
-    y, h = tpu.rms_norm(x, w, 1e-6, residual=r, block_rows=block, interpret=True)
-    h64 = _f64(x) + _f64(r)
-    _check(h, h64, td, "residual")
-    _check(y, _rms64(h64, 1e-6) * _f64(w), td)
+def call_jax_on_cpu(fn, args, statics, override_hash=None):
+    """``torch_xla``'s ``call_jax`` for CPU tensors: the JAX function on arrays, the results back."""
+    statics = {k: _static(v) for k, v in statics.items()}
+    return jax.tree_util.tree_map(to_torch, fn(*map(to_jax, args), **statics))
 
 
-def test_rms_norm_variants():
-    """No weight, variance over the first lanes only, a 3-D input, an fp32 weight on bf16 x."""
-    x = _rand((3, 5, 256), jnp.float32, 3)
-    _check(tpu.rms_norm(x, None, 1e-5, interpret=True), _rms64(_f64(x), 1e-5), torch.float32)
-    w = _rand((256,), jnp.float32, 4)
-    _check(tpu.rms_norm(x, w, 1e-5, variance_size=100, interpret=True), _rms64(_f64(x), 1e-5, 100) * _f64(w),
-           torch.float32)
-    xb = x.astype(jnp.bfloat16)
-    y = tpu.rms_norm(xb, w, 1e-5, interpret=True)
-    assert y.dtype == jnp.bfloat16
-    _check(y, _rms64(_f64(xb), 1e-5) * _f64(w), torch.bfloat16)
+@pytest.fixture
+def jax_bridge_on_cpu(monkeypatch):
+    monkeypatch.setattr(xla_kernels, "_call_jax", lambda: call_jax_on_cpu)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("residual", [False, True])
-def test_gemma_rms_norm(residual, dtype):
-    jd, td = DTYPES[dtype]
-    x, w = _rand((7, 512), jd, 0), _rand((512,), jnp.float32, 1, 0.1)
-    r = _rand((7, 512), jd, 2) if residual else None
-    out = tpu.gemma_rms_norm(x, w, 1e-6, residual=r, block_rows=8, interpret=True)
-    h64 = _f64(x) + (_f64(r) if residual else 0.0)
-    expected = _rms64(h64, 1e-6) * (1.0 + _f64(w))
+# ---- 1. the case tables through the xla kernels ----------------------------------------------------
+
+TABLE = kernel_cases.params("tpu", lambda row: row.library_op in xla_kernels.KERNELS and row.distinct_kernel_call,
+                            dtypes=(torch.float32, torch.bfloat16, torch.float16))
+
+
+@pytest.mark.parametrize("row,dtype", TABLE)
+def test_table_row_through_xla_kernel(row, dtype, jax_bridge_on_cpu, poison_empty):
+    op, args, kwargs = kernel_cases.make(row, dtype)
+    ref_op, before = kernel_cases.snapshot(op, args)
+    with kernel_cases.as_cpu_kernel(row.library_op, xla_kernels.KERNELS[row.library_op]) as calls, torch.no_grad():
+        out = op.forward_kernel(*args, **kwargs)
+    assert calls, "forward_kernel did not reach the xla kernel"
+    kernel_cases.judge(row, ref_op, before, out, dtype, spec_rounding=row.library_op not in COMPUTED,
+                       exact_fp8=False)
+
+
+# ---- 2. the JAX API: row blocks and what the torch ops do not pass ---------------------------------
+
+ROWS, BLOCK = 20, 8  # three grid steps, the last one partial
+
+
+def _x(shape, dtype, seed, scale=1.0, offset=0.0):
+    return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale + offset).to(dtype)
+
+
+def _run(fn, *args, **kwargs):
+    """``fn`` on the tensors as arrays, in interpret mode; the results as tensors."""
+    kwargs = {k: to_jax(v) for k, v in kwargs.items()}
+    return jax.tree_util.tree_map(to_torch, fn(*map(to_jax, args), **kwargs, interpret=True))
+
+
+@pytest.mark.parametrize("residual,weight,dtype", [(False, "x", torch.bfloat16), (True, "fp32", torch.float32),
+                                                   (True, None, torch.bfloat16)], ids=str)
+def test_rms_norm_row_blocks(residual, weight, dtype):
+    x, r = _x((ROWS, 256), dtype, 0, 2.0), _x((ROWS, 256), dtype, 1, 2.0)
+    w = None if weight is None else _x((256,), dtype if weight == "x" else torch.float32, 2, 0.5, 1.0)
     if residual:
-        _check(out[1], h64, td, "residual")
-        out = out[0]
-    _check(out, expected, td)
+        y, h = _run(tpu.rms_norm, x, w, 1e-6, residual=r, block_rows=BLOCK)
+        norm_ref.assert_matches((y, h), norm_ref.ref_fused_add(x, r, w, 1e-6), dtype, what="fused add")
+    else:
+        y = _run(tpu.rms_norm, x, w, 1e-6, block_rows=BLOCK)
+        norm_ref.assert_matches(y, (norm_ref.ref_rms_norm(x, w, 1e-6), None), dtype, what="rms_norm")
 
 
-def _gated64(x, w, z, eps, group, norm_before_gate, sigmoid):
-    gate = None
-    if z is not None:
-        gate = 1 / (1 + np.exp(-z)) if sigmoid else z / (1 + np.exp(-z))
-        if not norm_before_gate:
-            x = x * gate
-    g = x.reshape(*x.shape[:-1], -1, group)
-    y = (g / np.sqrt((g**2).mean(-1, keepdims=True) + eps)).reshape(x.shape) * w
-    return y * gate if gate is not None and norm_before_gate else y
+def test_rms_norm_variance_over_first_lanes_and_3d():
+    """``variance_size`` (the torch op runs the spec for it) and leading dims."""
+    x, w = _x((3, 5, 256), torch.float32, 3), _x((256,), torch.float32, 4)
+    y = _run(tpu.rms_norm, x, w, 1e-5, variance_size=100)
+    assert_close(y, norm_ref.ref_rms_norm(x, w, 1e-5, var_size=100), torch.float32)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("group,norm_before_gate,activation,gated",
-                         [(None, False, "swish", True), (128, True, "sigmoid", True), (256, False, "silu", False)])
-def test_rms_norm_gated(group, norm_before_gate, activation, gated, dtype):
-    jd, td = DTYPES[dtype]
-    x, w = _rand((20, 512), jd, 0), _rand((512,), jnp.float32, 1)
-    z = _rand((20, 512), jd, 2) if gated else None
-    y = tpu.rms_norm_gated(x, w, z, 1e-5, group_size=group, norm_before_gate=norm_before_gate,
-                           activation=activation, block_rows=8, interpret=True)
-    expected = _gated64(_f64(x), _f64(w), None if z is None else _f64(z), 1e-5, group or 512,
-                        norm_before_gate, activation == "sigmoid")
-    _check(y, expected, td)
+@pytest.mark.parametrize("residual,dtype", [(True, torch.bfloat16)], ids=str)
+def test_gemma_rms_norm_row_blocks(residual, dtype):
+    x, r, w = _x((ROWS, 512), dtype, 0, 2.0), _x((ROWS, 512), dtype, 1, 2.0), _x((512,), torch.float32, 2, 0.1)
+    if residual:
+        got = _run(tpu.gemma_rms_norm, x, w, 1e-6, residual=r, block_rows=BLOCK)
+        norm_ref.assert_matches(tuple(got), norm_ref.ref_fused_add(x, r, w, 1e-6, gemma=True), dtype, what="gemma")
+    else:
+        got = _run(tpu.gemma_rms_norm, x, w, 1e-6, block_rows=BLOCK)
+        norm_ref.assert_matches(got, (norm_ref.ref_gemma(x, w, 1e-6), None), dtype, what="gemma")
 
 
-def _rotary64(positions, x, cache, head_size, neox):
-    tokens = positions.size
-    x = x.reshape(tokens, -1, head_size).copy()
-    r = cache.shape[-1]
-    cos, sin = np.split(cache[positions], 2, axis=-1)
-    cos, sin = cos[:, None], sin[:, None]
-    x1, x2 = (x[..., : r // 2], x[..., r // 2: r]) if neox else (x[..., 0:r:2], x[..., 1:r:2])
-    o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
-    x[..., :r] = np.concatenate([o1, o2], -1) if neox else np.stack([o1, o2], -1).reshape(*x.shape[:-1], r)
-    return x
+@pytest.mark.parametrize("group,norm_before_gate,activation,gated,dtype",
+                         [(None, False, "swish", True, torch.float32), (128, True, "sigmoid", True, torch.bfloat16),
+                          (256, False, "silu", False, torch.float32)], ids=str)
+def test_rms_norm_gated_row_blocks(group, norm_before_gate, activation, gated, dtype):
+    x, w = _x((ROWS, 512), dtype, 0), _x((512,), torch.float32, 1)
+    z = _x((ROWS, 512), dtype, 2) if gated else None
+    y = _run(tpu.rms_norm_gated, x, w, z, 1e-5, group_size=group, norm_before_gate=norm_before_gate,
+             activation=activation, block_rows=BLOCK)
+    expected = norm_ref.ref_gated(x, w, z, 1e-5, group or 512, norm_before_gate, activation == "sigmoid")
+    assert_close(y, expected, dtype)
 
 
-def _cache(max_pos, rotary_dim, base=10000.0):
-    inv = 1.0 / base ** (np.arange(0, rotary_dim, 2) / rotary_dim)
-    freqs = np.outer(np.arange(max_pos), inv)
-    return np.concatenate([np.cos(freqs), np.sin(freqs)], -1)
-
-
-@pytest.mark.parametrize("neox", [True, False], ids=["neox", "gptj"])
-@pytest.mark.parametrize("tokens,heads,kv_heads,head_size,rotary_dim,block,dtype",
-                         [(1, 2, 1, 128, 128, None, "fp32"), (7, 4, 2, 128, 64, None, "fp32"),
-                          (7, 4, 2, 128, 64, None, "bf16"), (20, 2, 1, 64, 32, 8, "fp32")])
-def test_rotary_embedding(tokens, heads, kv_heads, head_size, rotary_dim, block, neox, dtype):
-    jd, td = DTYPES[dtype]
-    cache64 = _cache(128, rotary_dim)
-    positions = np.random.default_rng(5).integers(0, 128, tokens)
-    q, k = _rand((tokens, heads * head_size), jd, 0), _rand((tokens, kv_heads * head_size), jd, 1)
-    q_out, k_out = tpu.rotary_embedding(jnp.asarray(positions, jnp.int32), q, k, head_size,
-                                        jnp.asarray(cache64, jnp.float32), neox, block_rows=block, interpret=True)
-    assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.dtype == jd
-    _check(q_out.reshape(tokens, -1, head_size), _rotary64(positions, _f64(q), cache64, head_size, neox), td, "query")
-    _check(k_out.reshape(tokens, -1, head_size), _rotary64(positions, _f64(k), cache64, head_size, neox), td, "key")
-    if dtype == "bf16":
+@pytest.mark.parametrize("is_neox,dtype", [(True, torch.float32), (False, torch.bfloat16)], ids=str)
+def test_rotary_row_blocks_and_inverse(is_neox, dtype):
+    """20 tokens in blocks of 8, heads of 64 rotating 32 lanes; then the inverse rotation (the
+    backward) undoes it."""
+    case = rope_table.RopeCase("blocks", ROWS, 2, 1, 64, 32)
+    op = case.build(is_neox, dtype, max_pos=128)
+    positions, q, k = case.inputs(dtype, generator=torch.Generator().manual_seed(5), max_pos=128)
+    cache = op.cos_sin_cache.to(dtype)
+    out_q, out_k = _run(tpu.rotary_embedding, positions.to(torch.int32), q, k, 64, cache, is_neox, block_rows=BLOCK)
+    rope_ref.check_rope_outputs(op, positions, q, k, out_q, out_k, products_rounded=False)
+    if dtype != torch.float32:
         return
-    # The inverse rotation (the backward) undoes the forward.
-    back, none = tpu.rotary_embedding(jnp.asarray(positions, jnp.int32), q_out, None, head_size,
-                                      jnp.asarray(cache64, jnp.float32), neox, inverse=True, interpret=True)
+    back, none = _run(tpu.rotary_embedding, positions.to(torch.int32), out_q, None, 64, cache, is_neox, inverse=True)
     assert none is None
-    _check(back, _f64(q), td, "inverse")
+    assert_close(back, q, torch.float32, what="inverse")
 
 
-def _gelu64(v, tanh):
-    if tanh:
-        return 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))
-    return 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
-
-
-def _silu64(v):
-    return v / (1 + np.exp(-v))
-
-
-ACT64 = {
-    "silu": lambda a, b: _silu64(a) * b,
-    "mul_silu": lambda a, b: a * _silu64(b),
-    "gelu": lambda a, b: _gelu64(a, False) * b,
-    "gelu_tanh": lambda a, b: _gelu64(a, True) * b,
-    "fatrelu": lambda a, b: np.where(a > 0.25, a, 0.0) * b,
-    "swiglustep": lambda a, b: np.minimum(_silu64(a), 1.5) * np.clip(b, -1.5, 1.5),
+#: the gated kernel for JAX users (the torch ops run the spec, which XLA fuses): table op ->
+#: (x, the op's math_args) -> the JAX call. Every table row of these ops is run below.
+JAX_GATED = {
+    "silu_and_mul": lambda x, **kw: tpu.silu_and_mul(x, **kw),
+    "mul_and_silu": lambda x, **kw: tpu.act_and_mul(x, "mul_silu", **kw),
+    "gelu_and_mul": lambda x, approximate, **kw: tpu.gelu_and_mul(x, approximate, **kw),
+    "fatrelu_and_mul": lambda x, threshold, **kw: tpu.act_and_mul(x, "fatrelu", threshold=threshold, **kw),
+    "swiglustep_and_mul": lambda x, limit, **kw: tpu.act_and_mul(x, "swiglustep", limit=limit, **kw),
+    "silu_and_mul_with_clamp": lambda x, *args, **kw: tpu.silu_and_mul_with_clamp(x, *args, **kw),
+    "situ_and_mul": lambda x, *args, **kw: tpu.situ_and_mul(x, *args, **kw),
 }
 
 
-@pytest.mark.parametrize("activation", tpu.ACTIVATIONS)
-@pytest.mark.parametrize("rows,d,block,dtype", [(7, 1024, None, "fp32"), (7, 1024, None, "bf16"), (20, 96, 8, "fp32")],
-                         ids=["column-blocks", "column-blocks-bf16", "row-split"])
-def test_act_and_mul(rows, d, block, dtype, activation):
-    jd, td = DTYPES[dtype]
-    x = _rand((rows, 2 * d), jd, 0, 2.0)
-    y = tpu.act_and_mul(x, activation, threshold=0.25, limit=1.5, block_rows=block, interpret=True)
-    assert y.shape == (rows, d) and y.dtype == jd
-    a, b = np.split(_f64(x), 2, axis=-1)
-    _check(y, ACT64[activation](a, b), td)
+#: the two layouts of the kernel: d a multiple of 128 reads the halves as column blocks (7 rows
+#: of d = 1024 in bf16); d = 96 splits rows in the kernel (20 rows in blocks of 8, fp32). The
+#: rows take them in turn.
+LAYOUTS = (((7, 1024), None, torch.bfloat16), ((ROWS, 96), BLOCK, torch.float32))
+GATED_ROWS = [pytest.param(c, *LAYOUTS[i % 2], id=c.label)
+              for i, c in enumerate(c for c in act_table.CASES if c.op in JAX_GATED)]
 
 
-FP8_MAX = 448.0
-MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+@pytest.mark.parametrize("case,shape,block,dtype", GATED_ROWS)
+def test_gated_activation_kernel(case, shape, block, dtype):
+    op = case.build()
+    x = case.input((shape[0], 2 * shape[1]), dtype, generator=torch.Generator().manual_seed(0))
+    y = _run(JAX_GATED[case.op], x, *op.math_args(), block_rows=block)
+    assert y.shape == (shape[0], shape[1]) and y.dtype == dtype
+    act_ref.assert_matches(case, op, x, y)
 
 
-def _dequant_check(q, scale, expected_scale, x64, what):
-    """Scales must match the reference; q is compared dequantized (one e4m3 ulp, the testing rule)."""
-    assert q.dtype == jnp.float8_e4m3fn and scale.dtype == jnp.float32
-    _check(scale, expected_scale, torch.float32, f"{what} scale")
-    groups = expected_scale.shape[-1]
-    dq = (_f64(q).reshape(x64.shape[0], groups, -1) * _f64(scale)[..., None]).reshape(x64.shape)
-    assert_close(torch.from_numpy(dq), torch.from_numpy(x64), dtype=torch.float8_e4m3fn, what=f"{what} dequantized")
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,hidden,block", [(1, 256, None), (7, 1024, None), (20, 384, 8)])
-def test_per_token_quant_fp8(rows, hidden, block, dtype):
-    jd, _ = DTYPES[dtype]
-    x = _rand((rows, hidden), jd, 0, 3.0)
-    x = x.at[0].set(0)  # an all-zero row takes MIN_SCALE
-    q, scale = tpu.per_token_quant_fp8(x, block_rows=block, interpret=True)
-    x64 = _f64(x)
-    expected = np.maximum(np.abs(x64).max(-1, keepdims=True) / FP8_MAX, MIN_SCALE)
-    _dequant_check(q, scale, expected, x64, "per-token")
-    if rows != 7:
-        return
-    # scale_ub caps the amax (not the scale)
-    ub = jnp.asarray([1.0], jnp.float32)
-    q, scale = tpu.per_token_quant_fp8(x, ub, block_rows=block, interpret=True)
-    expected = np.maximum(np.minimum(np.abs(x64).max(-1, keepdims=True), 1.0) / FP8_MAX, MIN_SCALE)
-    _check(scale, expected, torch.float32, "capped scale")
-    assert np.abs(_f64(q)).max() <= FP8_MAX
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("ue8m0", [False, True])
-@pytest.mark.parametrize("rows,hidden,group,block", [(7, 512, 128, None), (20, 256, 64, 8)])
-def test_per_group_quant_fp8(rows, hidden, group, block, ue8m0, dtype):
-    jd, _ = DTYPES[dtype]
-    x = _rand((rows, hidden), jd, 0, 3.0)
-    q, scale = tpu.per_group_quant_fp8(x, group, use_ue8m0=ue8m0, block_rows=block, interpret=True)
-    assert scale.shape == (rows, hidden // group)
-    x64 = _f64(x)
-    expected = np.maximum(np.abs(x64.reshape(rows, -1, group)).max(-1) / FP8_MAX, MIN_SCALE)
-    if ue8m0:
-        expected = 2.0 ** np.ceil(np.log2(expected))
-        assert np.all(np.log2(_f64(scale)) == np.round(np.log2(_f64(scale))))
-    _dequant_check(q, scale, expected, x64, "per-group")
+@pytest.mark.parametrize("label,dtype", [("dynamic per-token", torch.bfloat16),
+                                         ("dynamic per-token scale_ub", torch.float32),
+                                         ("per-group 64", torch.float32), ("per-group 128 ue8m0", torch.bfloat16)],
+                         ids=str)
+def test_quant_row_blocks(label, dtype):
+    """20 rows in blocks of 8, against the float64 reference (``kernel_cases.judge_quant``)."""
+    case = quant_table.BY_LABEL[label]
+    x = case.input((ROWS, 384), dtype, generator=torch.Generator().manual_seed(3))
+    kwargs = case.call_kwargs(x, 448.0)
+    if case.group_size is None:
+        out = _run(tpu.per_token_quant_fp8, x, kwargs.get("scale_ub"), block_rows=BLOCK)
+    else:
+        out = _run(tpu.per_group_quant_fp8, x, case.group_size, use_ue8m0=bool(case.init.get("use_ue8m0")),
+                   block_rows=BLOCK)
+    kernel_cases.judge_quant(case, x, tuple(out), kwargs, exact=False)
 
 
 def test_ue8m0_rounds_up_exactly():
@@ -257,19 +236,20 @@ def test_ue8m0_rounds_up_exactly():
 def test_quant_bounds_are_arguments():
     """``fp8_max`` and ``min_scale`` are taken as given (the torch schemas pass them in); the
     defaults are customop.math.fp8's for the dtype."""
-    x = _rand((7, 256), jnp.float32, 0, 3.0).at[0].set(0)
-    q, scale = tpu.per_token_quant_fp8(x, fp8_max=224.0, min_scale=1e-3, interpret=True)
-    x64 = _f64(x)
-    _check(scale, np.maximum(np.abs(x64).max(-1, keepdims=True) / 224.0, 1e-3), torch.float32, "scale")
-    assert np.abs(_f64(q)).max() <= 224.0
-    assert tpu.fp8_max(jnp.float8_e4m3fn) == fp8_max(torch.float8_e4m3fn) == FP8_MAX
+    x = _x((7, 256), torch.float32, 0, 3.0)
+    x[0] = 0
+    q, scale = _run(tpu.per_token_quant_fp8, x, fp8_max=224.0, min_scale=1e-3)
+    expected = torch.maximum((x.double().abs().amax(-1, keepdim=True) / 224.0).float(), torch.tensor(1e-3))
+    assert_close(scale, expected, torch.float32, what="scale")
+    assert float(q.float().abs().max()) <= 224.0
+    assert tpu.fp8_max(jnp.float8_e4m3fn) == fp8_max(torch.float8_e4m3fn) == 448.0
     assert tpu.fp8_max(jnp.float8_e4m3fnuz) == fp8_max(torch.float8_e4m3fnuz)
 
 
 def test_empty_and_leading_dims():
     x = jnp.zeros((0, 128), jnp.float32)
     assert tpu.rms_norm(x, None, 1e-6, interpret=True).shape == (0, 128)
-    x3 = _rand((2, 3, 256), jnp.float32, 0)
+    x3 = to_jax(_x((2, 3, 256), torch.float32, 0))
     assert tpu.silu_and_mul(x3, interpret=True).shape == (2, 3, 128)
     q, s = tpu.per_group_quant_fp8(x3, 128, interpret=True)
     assert q.shape == (2, 3, 256) and s.shape == (2, 3, 2)

@@ -1,11 +1,17 @@
 """The TPU backend's xla kernels on the XLA CPU device (the tpu tier: ``bash .ci/tpu.sh``).
 
-``torch.ops.customop.<op>`` runs on XLA tensors and is compared with the same op on CPU copies
-(its reference body, the spec): every op with an xla kernel (proving the kernel ran), the ops
-that run their reference on XLA, the per-argument fallbacks, the in-place ops (also on views),
-backward through the functional norms, ``torch.compile(backend="openxla", fullgraph=True)``
-(inference and training), ``torch.library.opcheck`` on XLA tensors, and the op classes built
-with the TPU platform forced (their ``forward_tpu``). Pallas runs in interpret mode here.
+Every row of the case tables (``customop/samples/<family>.py``, their ``"tpu"`` sizes) is built
+with the TPU platform forced and run through its ``forward_tpu`` on XLA tensors, judged by the
+float64 references of ``tests/cases``: the xla kernel must run where the row's ``customop::`` op
+has one, and the reference body, fused by XLA with no CPU fallback, where it has none. A new
+row is tested here with no edit of this file.
+
+Then what is the backend's own, with ``torch.ops.customop.<op>`` on XLA tensors against the same
+op on CPU copies (its reference body): the backward ops (``jax.vjp``), argument values the tables
+do not hold, the per-argument fallbacks, the in-place ops on views, backward through the
+functional norms and the op classes, ``torch.compile(backend="openxla", fullgraph=True)``
+(inference and training) and ``torch.library.opcheck`` on XLA tensors. Pallas runs in interpret
+mode here.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import customop  # noqa: E402
 from customop.backends.tpu import xla_kernels  # noqa: E402  (importing the backend registers the kernels)
 from customop.math import layernorm as norm_spec  # noqa: E402
 from customop.math.fp8 import fp8_max, fp8_min_scale  # noqa: E402
+from customop.samples import activation as act_table  # noqa: E402
 from customop.testing import assert_close, forced_platform  # noqa: E402
+from tests.backends import kernel_cases  # noqa: E402
 
 pytestmark = pytest.mark.xla
 
@@ -107,7 +115,55 @@ def run_both(name, args, dev):
     return results
 
 
-# ---- every op on XLA tensors vs its reference on CPU ------------------------------------------------
+# ---- the case tables through forward_tpu --------------------------------------------------------------
+
+#: the xla kernels that are Pallas or JAX code (fp32 inside, one rounding); the others are the
+#: op's spec, functionalized, and round where it does
+COMPUTED = set(xla_kernels.KERNELS) - set(xla_kernels.GATED_ACTIVATIONS)
+
+
+#: rows whose forward_tpu is known to leave the XLA device or fuse badly: row label -> why
+KNOWN = {
+    "dynamic per-tensor padded 12": "QuantFP8's token padding runs aten::view_copy.dtype on the CPU (torch_xla 2.9)",
+    "dynamic per-token padded 12": "QuantFP8's token padding runs aten::view_copy.dtype on the CPU (torch_xla 2.9)",
+}
+
+
+def _row_params():
+    """Every row once, at the last "tpu" size in bf16: this tier checks the route (the kernel
+    reached, nothing on the CPU, XLA fusing what has no kernel); the kernels' numerics at every
+    size and dtype are test_kernels.py's, in the main tier."""
+    params = []
+    for p in kernel_cases.params("tpu", dtypes=(torch.bfloat16,), last_only=True):
+        why = KNOWN.get(p.values[0].case.label)
+        params.append(p if why is None else pytest.param(*p.values, id=p.id, marks=pytest.mark.xfail(reason=why,
+                                                                                                     strict=True)))
+    return params
+
+
+@pytest.mark.parametrize("row,dtype", _row_params())
+def test_table_row_forward_tpu(row, dtype, dev, calls):
+    with forced_platform("tpu"), customop.use_config(customop.Config(custom_ops=["all"])):
+        op, args, kwargs = kernel_cases.make(row, dtype)
+    assert op.forward_method_name == "forward_tpu"
+    ref_op, before = kernel_cases.snapshot(op, args)
+    xla_metrics.clear_all()
+    with torch.no_grad():
+        out = op.to(dev)(*on(dev, *args), **kwargs)
+    if row.family == "activation":
+        # elementwise: one fused pass. A view at an offset run inside an op lowers to a gather
+        # (xla_kernels._spec says why the gated ops' kernel functionalizes their spec)
+        assert "gather" not in torch_xla._XLAC._get_xla_tensors_hlo([out])
+    kernel_cases.judge(row, ref_op, before, cpu(out), dtype, spec_rounding=row.library_op not in COMPUTED,
+                       exact_fp8=False, strides=False)
+    assert not xla_metrics.executed_fallback_ops(), "ran on the CPU"
+    if row.library_op in xla_kernels.KERNELS:
+        assert calls, f"forward_tpu did not reach the xla kernel of customop::{row.library_op}"
+    else:
+        assert calls == [], f"customop::{row.library_op} has no xla kernel, yet {calls} ran"
+
+
+# ---- ops on XLA tensors vs their reference on CPU: what the tables do not hold ------------------------
 
 
 def _norm_cases(rows, dtype):
@@ -172,9 +228,15 @@ def _cases(rows, dtype):
     return {**_norm_cases(rows, dtype), **_rotary_cases(rows, dtype), **_quant_cases(rows, dtype)}
 
 
+#: the backward ops and argument values no table row reaches (the tables run e4m3fn with its own
+#: maximum, through the op classes' forward)
+BEYOND_TABLES = [case for case in _cases(1, torch.float32)
+                 if "backward" in case or case in ("dynamic_per_token-e5m2", "per_token_group-224-bound")]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("rows", [1, 7])
-@pytest.mark.parametrize("case", list(_cases(1, torch.float32)))
+@pytest.mark.parametrize("case", BEYOND_TABLES)
 def test_kernel_vs_reference(case, rows, dtype, dev, calls, poison_empty):
     name, args, jax_fn = _cases(rows, dtype)[case]
     actual, expected = run_both(name, args, dev)[::-1]
@@ -182,35 +244,11 @@ def test_kernel_vs_reference(case, rows, dtype, dev, calls, poison_empty):
     assert jax_fn in calls, f"{case}: the xla kernel did not run {jax_fn} (ran {calls})"
 
 
-GATED = {"silu_and_mul": (), "mul_and_silu": (), "gelu_and_mul": ("tanh",), "gelu_and_mul_sparse": (1.6449, "none"),
-         "fatrelu_and_mul": (0.1,), "swigluoai_and_mul": (1.702, 7.0)}
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", list(GATED))
-def test_gated_activations(name, dtype, dev, calls, poison_empty):
-    """Their xla kernel is the spec, functionalized (see xla_kernels._spec): the same values as the
-    spec run eagerly on XLA (forward_native's route). In bf16 XLA's own rounding of the
-    intermediate steps differs from the CPU's (both are a few bf16 ulps off a float64 oracle),
-    so the CPU comparison is in fp32."""
-    from customop.math import activation as spec
-
-    x = rand(7, 2 * 384, dtype=dtype, scale=2.0)
-    out = getattr(ops, name)(x.to(dev), *GATED[name])
-    assert "gather" not in torch_xla._XLAC._get_xla_tensors_hlo([out])  # the default body's lowering has one
-    actual = out.cpu()
-    assert calls == [f"spec:{name}"]
-    check(actual, getattr(spec, name)(x.to(dev), *GATED[name]).cpu(), name)
-    if dtype == torch.float32:
-        check(actual, getattr(ops, name)(x, *GATED[name]), name)
-
-
 def _no_kernel_cases():
+    """The ops without an xla kernel that no table row reaches through forward_tpu (the others are
+    checked there): the fused norm-quant function."""
     x = rand(7, 384, scale=3.0)
     return {
-        "gelu_new": (x,), "gelu_fast": (x,), "quick_gelu": (x,), "relu2": (x,),
-        "xielu": (x, torch.tensor([0.5]), torch.tensor([0.7]), 0.5, -1e-6),
-        "static_scaled_fp8_quant": (x, torch.tensor([0.02]), FP8, FP8_MAX),
         "rms_norm_dynamic_per_token_fp8_quant": (x, rand(384, seed=4), 1e-6, torch.tensor([2.0]), FP8, FP8_MAX,
                                                  MIN_SCALE),
     }
@@ -360,7 +398,9 @@ def test_openxla_fullgraph_compile_training(dev, calls):
 
 def _opcheck_cases():
     cases = {case: (name, args) for case, (name, args, _) in _cases(7, torch.float32).items()}
-    cases.update({name: (name, (rand(7, 2 * 384), *extra)) for name, extra in GATED.items()})
+    for case in act_table.CASES:  # each gated op with an xla kernel, with its first table row's arguments
+        if case.op in xla_kernels.GATED_ACTIVATIONS and case.op not in cases:
+            cases[case.op] = (case.op, (rand(7, 2 * 384), *case.build().math_args()))
     return cases
 
 
@@ -393,30 +433,15 @@ def _randomized(op, seed=0):
     return op
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-def test_op_classes(dtype, dev, calls):
-    from customop.ops.activation import SiluAndMul
-    from customop.ops.layernorm import GemmaRMSNorm, RMSNorm, RMSNormGated
-    from customop.ops.rotary_embedding import RotaryEmbedding
+def test_op_class_without_kernel_runs_native_on_xla(dev, calls):
+    """RMSNorm's variance over the first lanes (no table row: forward_kernel runs the spec)."""
+    from customop.ops.layernorm import RMSNorm
 
-    x, r, z = rand(7, 256, dtype=dtype), rand(7, 256, dtype=dtype, seed=2), rand(7, 256, dtype=dtype, seed=3)
-    positions = torch.randint(0, 64, (7,), generator=torch.Generator().manual_seed(4))
-    cases = [
-        (_randomized(build(RMSNorm, 256, dtype=dtype)), (x,)),
-        (_randomized(build(RMSNorm, 256, dtype=dtype)), (x, r)),
-        (build(RMSNorm, 256, has_weight=False), (x,)),
-        (build(RMSNorm, 256, var_hidden_size=100), (x,)),  # no kernel: forward_native on XLA
-        (_randomized(build(GemmaRMSNorm, 256)), (x, r)),
-        (_randomized(build(RMSNormGated, 256, group_size=128, norm_before_gate=True, activation="sigmoid")), (x, z)),
-        (build(RotaryEmbedding, 128, 64, 64, 10000.0, False, dtype), (positions, x, r)),
-        (build(SiluAndMul), (x,)),
-    ]
+    op, x = _randomized(build(RMSNorm, 256, var_hidden_size=100)), rand(7, 256)
     with torch.no_grad():
-        for op, args in cases:
-            expected = op.forward_native(*args)
-            actual = cpu(op.to(dev)(*on(dev, *args)))
-            check(actual, expected, type(op).__name__)
-    assert {"rms_norm", "gemma_rms_norm", "rms_norm_gated", "_rotate", "spec:silu_and_mul"} <= set(calls)
+        expected = op.forward_native(x)
+        check(cpu(op.to(dev)(x.to(dev))), expected, "var_hidden_size")
+    assert calls == []
 
 
 def test_op_class_backward(dev):
@@ -435,25 +460,6 @@ def test_op_class_backward(dev):
         (y2.sum() + (h * 2).sum()).backward()
         grads.append(cpu([leaves[0].grad, leaves[1].grad, op.weight.grad]))
     check(grads[1], grads[0], "grads")
-
-
-@pytest.mark.parametrize("mode", ["per-token", "per-group", "per-group-column-major", "per-tensor", "static",
-                                  "per-token-padded-ub"])
-def test_quant_fp8_op_class(mode, dev):
-    from customop.ops.quantization import QuantFP8
-
-    kwargs = {"per-token": dict(static=False, group_shape=(1, -1)),
-              "per-group": dict(static=False, group_shape=(1, 128), use_ue8m0=True),
-              "per-group-column-major": dict(static=False, group_shape=(1, 128), column_major_scales=True),
-              "per-tensor": dict(static=False, group_shape=(-1, -1)),
-              "static": dict(static=True, group_shape=(-1, -1)),
-              "per-token-padded-ub": dict(static=False, group_shape=(1, -1), num_token_padding=16)}[mode]
-    op = build(QuantFP8, **kwargs)
-    x = rand(7, 256, scale=3.0)
-    args = (x, torch.tensor([0.02]) if mode == "static" else None,
-            torch.tensor([2.0]) if mode == "per-token-padded-ub" else None)
-    expected = op.forward_native(*args)
-    check(cpu(op(*on(dev, *args))), expected, mode)
 
 
 def test_rms_norm_quant_fp8_on_xla(dev):
