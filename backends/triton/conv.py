@@ -6,8 +6,11 @@ torch's copy of an 8-D permuted view, then cuBLAS reads them. Here one Triton ke
 patch into a row of a buffer whose length is padded to a multiple of 8 elements (zeros in the
 padding, and the flattened weight padded the same way): cuBLAS's fastest kernels need 16-byte
 aligned rows, and CLIP's 3 x 14 x 14 = 588 is not. The product is the same sum; only the GEMM's
-tiling and so the fp32 rounding order may differ. Every other convolution runs the spec
-(``F.conv2d``/``F.conv3d``: cuDNN).
+tiling and so the fp32 rounding order may differ. On the H200 (2026-12-01, bf16) this took CLIP's
+16 x 336-pixel images from 105 to 39 us (torch.compile: 93) and SigLIP's 8 x 384 from 28 to 19
+us (compile: 19; the GEMM alone on pre-laid rows: 14). Inputs whose rows are already a view
+(one contiguous patch per sample) and every other convolution run the spec (``F.conv2d``/
+``F.conv3d``: cuDNN).
 
 The kernel sees every input as 3-D (a 2-D image is a depth-1 clip with a depth-1 kernel), so one
 kernel serves both ops. Program ``(rows block, columns block)``: a column ``k`` of a row is
@@ -81,9 +84,18 @@ def patch_rows(x: torch.Tensor, kernel: tuple[int, ...]) -> torch.Tensor:
     return rows
 
 
+def _rows_are_a_view(x: torch.Tensor, kernel: tuple[int, ...]) -> bool:
+    """Each sample is exactly one patch, stored contiguously (Qwen2-VL's pixel values): the spec's
+    rows are then a free view, and gathering them would only add a copy (measured on the H200:
+    29.7 against 23.0 us at 4096 patches)."""
+    return tuple(x.shape[2:]) == kernel and x.is_contiguous()
+
+
 def _patch_projection(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     kernel = tuple(weight.shape[2:])
     n = len(kernel)
+    if _rows_are_a_view(x, kernel):
+        return _math.patch_linear(x, weight, bias)
     rows = patch_rows(x, kernel)
     flat = weight.reshape(weight.shape[0], -1)
     if flat.shape[1] != rows.shape[1]:

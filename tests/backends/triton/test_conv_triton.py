@@ -47,3 +47,18 @@ def test_rows_are_the_patches_then_zeros(kernel, shape, poison_empty):
     assert rows.shape[1] % launcher.ALIGN == 0 and rows.shape[1] - width < launcher.ALIGN
     assert torch.equal(rows[:, :width], expected)
     assert torch.equal(rows[:, width:], torch.zeros_like(rows[:, width:]))
+
+
+def test_one_contiguous_patch_per_sample_skips_the_gather(monkeypatch):
+    """Qwen2-VL's layout: the spec's rows are a view, so no gather runs (and the result is the spec's)."""
+    gathered = []
+    real = launcher.patch_rows
+    monkeypatch.setattr(launcher, "patch_rows", lambda *a: gathered.append(1) or real(*a))
+    weight, bias = torch.randn(16, 3, 2, 4, 4), torch.randn(16)
+    x = torch.randn(5, 3, 2, 4, 4)
+    got = launcher.conv(x, weight, bias, [2, 4, 4], [0, 0, 0], [1, 1, 1], 1, "zeros")
+    assert not gathered
+    torch.testing.assert_close(got, torch.nn.functional.conv3d(x, weight, bias, (2, 4, 4)))
+    launcher.conv(x[:, :, :, :, :3].contiguous(), weight[..., :3], bias, [2, 4, 3], [0, 0, 0], [1, 1, 1], 1, "zeros")
+    launcher.conv(torch.randn(2, 3, 4, 8, 8), weight, bias, [2, 4, 4], [0, 0, 0], [1, 1, 1], 1, "zeros")
+    assert len(gathered) == 1  # the second call has one patch per sample too; the third has 8
