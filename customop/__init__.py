@@ -18,6 +18,7 @@ from customop.platforms import Platform, PlatformEnum
 from customop.plugins import load_general_plugins
 from customop.report import dispatch_report, list_ops
 from customop import ops  # noqa: F401  (registers the in-tree ops)
+from customop.warmup import warmup  # the function: compiles the CPU path's graphs at start-up
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,7 @@ __all__ = [
     "load_general_plugins",
     "set_config",
     "use_config",
+    "warmup",
 ]
 
 

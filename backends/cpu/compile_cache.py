@@ -20,9 +20,32 @@ EMULATE_CASTS = {"emulate_precision_casts": True}
 
 def compiled(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
     """``torch.compile(fn, options=options)``, built once per (function, options). Shapes become
-    dynamic after the first recompile (torch's default) unless the caller marks them earlier."""
+    dynamic after the first recompile (torch's default) unless the caller marks them earlier
+    (``run_tiered`` does, so the first compile is already the graph for every size)."""
     key = (fn, frozenset(options.items()))
     out = _compiled.get(key)
     if out is None:
         out = _compiled[key] = torch.compile(fn, options=options or None)
     return out
+
+
+#: Shape classes (compiled function, dtype, rank, static hidden size or None) whose graph dynamic in
+#: the token dims exists: their calls need no dynamic marks any more (a dynamic graph's guards
+#: accept unmarked tensors of any size), which saves the marks' fresh views, ~1-5 us a call.
+_dynamic_ready: set[tuple[Any, ...]] = set()
+
+
+def dynamic_ready(key: tuple[Any, ...]) -> bool:
+    return key in _dynamic_ready
+
+
+def mark_dynamic_ready(key: tuple[Any, ...]) -> None:
+    _dynamic_ready.add(key)
+
+
+def reset() -> None:
+    """Forgets every compiled graph (``torch._dynamo.reset()``) and what this module knows of them:
+    the next call of each tier compiles again, as in a fresh process (tests, benchmarks)."""
+    _dynamic_ready.clear()
+    _compiled.clear()
+    torch._dynamo.reset()

@@ -11,13 +11,15 @@ benchmarks/results/cpu_*.md.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from customop.backends.cpu.compile_cache import EMULATE_CASTS, compiled
+from customop.backends.cpu.compile_cache import EMULATE_CASTS, compiled, dynamic_ready, mark_dynamic_ready
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +31,11 @@ class CpuTiers:
         by_dtype: per-dtype overrides of ``min_numel`` (e.g. fp32 breaking even later).
         rows: view the tiered tensor, and every argument of its shape, as 2-D rows
             ``[-1, x.shape[-1]]`` so that one compiled graph per dtype serves every rank.
-        dynamic: mark the rows' dims dynamic from the first compile (no recompile per size).
+        dynamic: mark the token dims dynamic from the first compile, so that the first graph
+            serves every token count (no compile per new batch size on the request path). Dynamo
+            still gives one-token inputs a graph of their own (it specialises size 1).
+        dynamic_hidden: mark the last (hidden) dim dynamic too. False: one graph per hidden size,
+            which is a model constant (the norms: the graph their benchmarks measured).
         emulate_casts: keep eager's intermediate roundings (Inductor otherwise fuses away a cast
             that the spec rounds at, e.g. RMSNorm's cast to the weight dtype).
     """
@@ -38,6 +44,7 @@ class CpuTiers:
     by_dtype: Mapping[torch.dtype, float] = dataclasses.field(default_factory=dict)
     rows: bool = True
     dynamic: bool = True
+    dynamic_hidden: bool = True
     emulate_casts: bool = False
 
     def compile_from(self, dtype: torch.dtype) -> float:
@@ -51,8 +58,42 @@ class CpuTiers:
         return compiled(fn, **EMULATE_CASTS) if self.emulate_casts else compiled(fn)
 
 
+#: Set by ``warming_up()``: calls of two or more tokens take the compiled tier whatever their size
+#: (the graph they compile serves every larger size too), so a warm-up can use small inputs.
+_WARMING_UP: contextvars.ContextVar[bool] = contextvars.ContextVar("customop_cpu_warming_up", default=False)
+
+
+@contextlib.contextmanager
+def warming_up() -> Iterator[None]:
+    """Within the block, ``run_tiered`` compiles every call that a larger input of the same shape
+    class would compile: any call of two or more tokens, and one-token calls where one token
+    already reaches the op's threshold (one-token inputs get a graph of their own)."""
+    token = _WARMING_UP.set(True)
+    try:
+        yield
+    finally:
+        _WARMING_UP.reset(token)
+
+
 def _autograd_records(x: torch.Tensor) -> bool:
     return x.requires_grad and torch.is_grad_enabled()
+
+
+def _tokens(tiers: CpuTiers, x: torch.Tensor) -> int:
+    """The token count of ``x`` as the tiers see it (rows, or the leading dims' product)."""
+    if x.dim() <= 1:
+        return x.numel()
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def _below_threshold(tiers: CpuTiers, x: torch.Tensor) -> bool:
+    if x.numel() >= tiers.compile_from(x.dtype):
+        return False
+    if not _WARMING_UP.get() or x.numel() == 0:
+        return True
+    tokens = _tokens(tiers, x)
+    one_token = x.numel() // max(tokens, 1)
+    return tokens < 2 and one_token < tiers.compile_from(x.dtype)
 
 
 def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args: Any,
@@ -64,11 +105,12 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
     - below ``tiers.compile_from(x.dtype)`` elements: ``eager(x, *args)`` (the spec's operations
       with fewer temporaries; ``None`` from it means "not covered, use the spec") while autograd
       is not recording for ``x`` (its in-place steps would overwrite saved values), else ``spec``;
-    - above: the compiled ``compiled_spec`` (default ``spec``) of ``prepare(x)`` (default ``x``).
+    - above: the compiled ``compiled_spec`` (default ``spec``) of ``prepare(x)`` (default ``x``),
+      its token dims marked dynamic until a graph dynamic in them exists (``CpuTiers.dynamic``).
     """
     if torch.compiler.is_compiling():
         return spec(x, *args, **kwargs)
-    if x.numel() < tiers.compile_from(x.dtype):
+    if _below_threshold(tiers, x):
         if eager is not None and not _autograd_records(x):
             out = eager(x, *args, **kwargs)
             if out is not None:
@@ -77,26 +119,108 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
     fn = tiers.compiled(compiled_spec or spec)
     if prepare is not None:
         x = prepare(x)
-    if not tiers.rows:
-        if tiers.dynamic:
-            x = x.view(x.shape)  # a fresh view, so the marks do not stick to the caller's tensor
-            torch._dynamo.maybe_mark_dynamic(x, 0)
-            torch._dynamo.maybe_mark_dynamic(x, x.dim() - 1)
+    if tiers.rows:
+        return _run_on_rows(fn, tiers, x, args, kwargs)
+    if not tiers.dynamic:
         return fn(x, *args, **kwargs)
-    return _run_on_rows(fn, tiers.dynamic, x, args, kwargs)
+    ones = tuple(n == 1 for n in (x.shape[:-1] if x.dim() > 1 else x.shape))  # Dynamo specialises 1s
+    key = _shape_class(fn, tiers, x, ones, args, kwargs)
+    known = _ready(key)
+    if known:
+        return fn(x, *args, **kwargs)
+    with _temporary_marks(_token_marks(tiers, x, args)):
+        out = fn(x, *args, **kwargs)
+    if known is not None:
+        mark_dynamic_ready(key)
+    return out
 
 
-def _run_on_rows(fn: Callable[..., Any], dynamic: bool, x: torch.Tensor, args: tuple[Any, ...],
+_TENSOR = object()  # a tensor argument's place in a shape class (its sizes are the marks' business)
+
+
+def _shape_class(fn: Callable[..., Any], tiers: CpuTiers, x: torch.Tensor, ones: tuple[bool, ...],
+                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """What Dynamo guards on besides the marked sizes: the function, x's dtype, which token dims
+    are 1 (their rank too), the hidden size unless dynamic, and the other arguments' values
+    (tensors only as present or None)."""
+    static = tuple(_TENSOR if isinstance(a, torch.Tensor) else a for a in args)
+    if kwargs:
+        static += tuple((k, _TENSOR if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items())
+    return fn, x.dtype, ones, None if tiers.dynamic_hidden or x.dim() < 2 else x.shape[-1], static
+
+
+def _ready(key: tuple[Any, ...]) -> bool | None:
+    """Whether ``key``'s dynamic graph exists; None when the key cannot be hashed (mark always)."""
+    try:
+        return dynamic_ready(key)
+    except TypeError:
+        return None
+
+
+def _token_marks(tiers: CpuTiers, x: torch.Tensor, args: tuple[Any, ...]) -> list[tuple[torch.Tensor, int]]:
+    """The (tensor, dim) pairs to mark dynamic: x's token dims (all but the last; a 1-D x's only
+    dim) and, in every tensor argument that starts with a token dim (query and key for positions,
+    per-token scales, cos/sin rows), each dim of a token dim's size; the last dims too with
+    ``dynamic_hidden``."""
+    token_dims = range(x.dim() - 1) if x.dim() > 1 else range(x.dim())
+    token_sizes = {x.shape[d] for d in token_dims}
+    marks = []
+    for i, t in enumerate((x, *args)):
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or (i and t.shape[0] not in token_sizes):
+            continue
+        last = t.dim() - 1
+        marks += [(t, d) for d in range(t.dim())
+                  if (t.shape[d] in token_sizes and (d < last or t.dim() == 1))
+                  or (tiers.dynamic_hidden and d == last and t.dim() > 1)]
+    return marks
+
+
+_MARK_ATTRS = ("_dynamo_weak_dynamic_indices", "_has_dynamo_dim_marking")
+_UNSET = object()
+
+
+@contextlib.contextmanager
+def _temporary_marks(marks: list[tuple[torch.Tensor, int]]) -> Iterator[None]:
+    """Marks the dims dynamic for the calls in the block and then restores each tensor's own marks:
+    the caller's tensors must not carry ours into their own ``torch.compile``. The tensors
+    themselves are marked, not views of them: Dynamo guards on a view's base, so a graph traced
+    on views would not serve the plain tensors of later calls."""
+    saved = {id(t): (t, [t.__dict__.get(a, _UNSET) for a in _MARK_ATTRS]) for t, _ in marks}
+    for t, d in marks:
+        torch._dynamo.maybe_mark_dynamic(t, d)
+    try:
+        yield
+    finally:
+        for t, values in saved.values():
+            for attr, value in zip(_MARK_ATTRS, values):
+                if value is _UNSET:
+                    t.__dict__.pop(attr, None)
+                else:
+                    setattr(t, attr, value)
+
+
+def _run_on_rows(fn: Callable[..., Any], tiers: CpuTiers, x: torch.Tensor, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> Any:
     shape = x.shape
-    if x.dim() == 2 and not dynamic:  # the usual [tokens, hidden]: skip the reshapes (~5 us)
+    # one token (Dynamo specialises 1), and 2-D or not (other ranks arrive as views, which Dynamo
+    # guards differently from plain tensors)
+    key = _shape_class(fn, tiers, x, (x.numel() == shape[-1], x.dim() == 2), args, kwargs) if tiers.dynamic else None
+    known = _ready(key) if tiers.dynamic else None
+    mark = tiers.dynamic and not known
+    if x.dim() == 2 and not mark:  # the usual [tokens, hidden]: skip the reshapes (~5 us)
         return fn(x, *args, **kwargs)
-    rows = [a.reshape(-1, shape[-1]) if isinstance(a, torch.Tensor) and a.shape == shape else a
+    # 2-D tensors go in as they are (a graph traced on views would guard on their bases)
+    rows = [a.reshape(-1, shape[-1]) if isinstance(a, torch.Tensor) and a.shape == shape and a.dim() != 2 else a
             for a in (x, *args)]
-    if dynamic:
-        torch._dynamo.maybe_mark_dynamic(rows[0], 0)
-        torch._dynamo.maybe_mark_dynamic(rows[0], 1)
-    out = fn(*rows, **kwargs)
+    # every [rows, hidden] argument alike (x + residual must not pin the rows to one size)
+    marks = [(a, d) for a in rows if isinstance(a, torch.Tensor) and a.shape == rows[0].shape
+             for d in ((0, 1) if tiers.dynamic_hidden else (0,))] if mark else []
+    with _temporary_marks(marks):
+        out = fn(*rows, **kwargs)
+    if mark and known is not None:
+        mark_dynamic_ready(key)
+    if x.dim() == 2:
+        return out
     if isinstance(out, tuple):
         return tuple(t.view(*shape[:-1], t.shape[-1]) for t in out)
     return out.view(*shape[:-1], out.shape[-1])

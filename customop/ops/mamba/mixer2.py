@@ -24,7 +24,8 @@ from customop.ops.mamba.mixer import negative_exp, sharded_loader, ssm_parameter
 #: 8 x 4096 in fp32 (64 vs 69 us; 4 x 4096: 49 vs 45). Eager's casts are kept: the spec rounds
 #: to x's dtype before the weight, which Inductor would otherwise fuse away (one ulp in ~25% of
 #: bf16 outputs).
-NORM_CPU_TIERS = CpuTiers(min_numel=4096, by_dtype={torch.float32: 32768}, dynamic=False, emulate_casts=True)
+NORM_CPU_TIERS = CpuTiers(min_numel=4096, by_dtype={torch.float32: 32768}, dynamic_hidden=False,
+                          emulate_casts=True)
 
 
 @CustomOp.register("mixer2_gated_rms_norm")

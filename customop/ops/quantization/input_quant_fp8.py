@@ -74,7 +74,8 @@ def quant_fp8(x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tenso
     return qm.pad_tokens(q, num_token_padding), scale
 
 
-def empty_per_tensor_quant(x: torch.Tensor, fp8_dtype: torch.dtype, min_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def empty_per_tensor_quant(x: torch.Tensor, fp8_dtype: torch.dtype,
+                           min_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-tensor quant of a tensor with no element: an empty ``q`` and the scale of an
     all-zero tensor, ``max(0 / MAX, MIN_SCALE) = MIN_SCALE``, shape ``[1]`` (the Triton kernel
     returns the same)."""

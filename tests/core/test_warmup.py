@@ -1,0 +1,147 @@
+"""No compile on the request path: the CPU compiled tiers' first graph serves every token count
+(one-token inputs get one graph of their own), and ``customop.warmup`` builds those graphs at
+start-up from small inputs. Compiles are counted with Dynamo's own counter (one per graph)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+
+import customop
+from customop import Config, CustomOp, use_config
+from customop.backends.cpu import compile_cache
+from customop.ops.activation import SiluAndMul
+from customop.ops.layernorm import RMSNorm
+from customop.ops.quantization import GroupShape, QuantFP8
+from customop.ops.rotary_embedding import RotaryEmbedding
+from customop.testing import assert_close
+
+
+def graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiles():
+    """Each test starts as a fresh process would: no graph, no shape class known."""
+    compile_cache.reset()
+    yield
+    compile_cache.reset()
+
+
+def enabled(cls, *args, **kwargs):
+    with use_config(Config(custom_ops=["all"])):
+        return cls(*args, **kwargs)
+
+
+def test_one_graph_serves_every_token_count(monkeypatch):
+    monkeypatch.setattr(SiluAndMul, "cpu_tiers", SiluAndMul.cpu_tiers.compiling_from(1))
+    op = enabled(SiluAndMul)
+    before = graphs()
+    for shape in [(5, 64), (9, 64), (33, 64), (2, 3, 64), (7, 200)]:  # sizes, a 3-D input, another width
+        x = torch.randn(shape)
+        assert_close(op(x), op.forward_native(x), torch.float32)
+        assert graphs() - before == 1, f"{shape} compiled again"
+    op(torch.randn(1, 64))  # one token: Dynamo specialises size 1, one graph of its own
+    op(torch.randn(1, 96))
+    op(torch.randn(2, 64))
+    assert graphs() - before == 2
+
+
+def test_marks_do_not_stick_to_the_callers_tensors(monkeypatch):
+    monkeypatch.setattr(SiluAndMul, "cpu_tiers", SiluAndMul.cpu_tiers.compiling_from(1))
+    x = torch.randn(6, 64)
+    enabled(SiluAndMul)(x)
+    assert not hasattr(x, "_dynamo_weak_dynamic_indices")
+
+
+@pytest.mark.slow
+def test_norm_rotary_and_quant_compile_once_per_shape_class(monkeypatch):
+    """The fused residual is marked with x (else the rows would be pinned to one size); rotary's
+    query and key follow the positions; a static per-token scale follows x's rows."""
+    monkeypatch.setattr(QuantFP8, "cpu_tiers", QuantFP8.cpu_tiers.compiling_from(1))
+    norm = enabled(RMSNorm, 64, dtype=torch.bfloat16)  # bf16 compiles from one 4096-element input
+    norm.cpu_tiers = norm.cpu_tiers.compiling_from(1)
+    rope = enabled(RotaryEmbedding, 32, 32, 256, 10000.0, True, torch.float32)
+    quant = enabled(QuantFP8, True, GroupShape.PER_TOKEN)
+    calls = {
+        "fused_add_rms_norm": lambda t: norm(torch.randn(t, 64, dtype=torch.bfloat16),
+                                             torch.randn(t, 64, dtype=torch.bfloat16)),
+        "rotary": lambda t: rope(torch.arange(t), torch.randn(t, 4 * 32), torch.randn(t, 2 * 32)),
+        "static per-token quant": lambda t: quant(torch.randn(t, 64), torch.rand(t, 1) + 0.01),
+    }
+    for name, call in calls.items():
+        before = graphs()
+        for tokens in (5, 9, 40):
+            call(tokens)
+        assert graphs() - before == 1, name
+
+
+def test_warmup_compiles_before_the_first_request():
+    """SiluAndMul compiles from 2M elements: warmup builds that graph from a 16 x 256 input."""
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = enabled(SiluAndMul)
+            with use_config(Config(custom_ops=["none"])):
+                self.off = SiluAndMul()  # disabled: runs forward_native, nothing to warm
+
+    model = Model()
+    before = graphs()
+    rows = customop.warmup(model, sizes=(1, 16))
+    assert graphs() - before == 1  # one token of 256 is below the threshold: no graph for it
+    assert [(r.op, r.tokens, r.outcome) for r in rows] == [
+        ("silu_and_mul", 1, "ran"), ("silu_and_mul", 16, "ran"), ("silu_and_mul", None, "skipped: runs "
+                                                                   "forward_native, not forward_cpu")]
+    before = graphs()
+    x = torch.randn(600, 4096)  # 2.4M elements: the compiled tier
+    assert_close(model.act(x), model.act.forward_native(x), torch.float32)
+    assert graphs() == before
+
+
+@pytest.mark.slow
+def test_warmup_rotary_takes_the_head_counts_of_its_attention_module():
+    """Rotary graphs are per head count (dynamic ones ran 1.5-2x slower): warmup reads vLLM's
+    num_heads / num_kv_heads from the module holding the op, or skips it saying why."""
+    class Attention(nn.Module):
+        num_heads, num_kv_heads = 4, 2
+
+        def __init__(self):
+            super().__init__()
+            self.rotary_emb = enabled(RotaryEmbedding, 32, 32, 256, 10000.0, True, torch.float32)
+
+    attn = Attention()
+    rows = customop.warmup(attn, sizes=(1, 16))
+    assert [r.outcome for r in rows] == ["ran", "ran"]
+    before = graphs()
+    for tokens in (1, 3, 50):
+        attn.rotary_emb(torch.arange(tokens), torch.randn(tokens, 4 * 32), torch.randn(tokens, 2 * 32))
+    assert graphs() == before
+    rows = customop.warmup([attn.rotary_emb])  # no holder, no heads=: nothing to go by
+    assert rows[0].outcome == "skipped: head counts unknown (pass heads=(q, kv))"
+
+
+def test_warmup_reports_ops_it_cannot_feed():
+    @CustomOp.register("warmup_test_op")
+    class Unknown(CustomOp):
+        def forward_native(self, x):
+            return x
+
+    try:
+        rows = customop.warmup([enabled(Unknown)])
+        assert len(rows) == 1 and rows[0].outcome.startswith("skipped: no warm-up inputs known")
+    finally:
+        CustomOp.op_registry.pop("warmup_test_op", None)
+
+
+@pytest.mark.parametrize("sizes", [(), (0,), 16, (1.5,), (True,)])
+def test_warmup_rejects_bad_sizes(sizes):
+    with pytest.raises(ValueError, match="customop.warmup: sizes must be a sequence of positive token counts"):
+        customop.warmup(enabled(SiluAndMul), sizes=sizes)
+
+
+def test_warmup_rejects_what_is_not_an_op():
+    with pytest.raises(TypeError, match="customop.warmup: expected a module or CustomOp instances, got Linear"):
+        customop.warmup([nn.Linear(2, 2)])
