@@ -36,6 +36,9 @@ class CpuTiers:
             still gives one-token inputs a graph of their own (it specialises size 1).
         dynamic_hidden: mark the last (hidden) dim dynamic too. False: one graph per hidden size,
             which is a model constant (the norms: the graph their benchmarks measured).
+        feature_dims: how many trailing dims of the tiered tensor are not token dims (without
+            ``rows``): 1 for ``[..., hidden]``, 2 for ``[..., heads, head_size]``; a tensor of no
+            more dims than this is all token dims (rotary's positions).
         emulate_casts: keep eager's intermediate roundings (Inductor otherwise fuses away a cast
             that the spec rounds at, e.g. RMSNorm's cast to the weight dtype).
     """
@@ -45,6 +48,7 @@ class CpuTiers:
     rows: bool = True
     dynamic: bool = True
     dynamic_hidden: bool = True
+    feature_dims: int = 1
     emulate_casts: bool = False
 
     def compile_from(self, dtype: torch.dtype) -> float:
@@ -123,7 +127,7 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
         return _run_on_rows(fn, tiers, x, args, kwargs)
     if not tiers.dynamic:
         return fn(x, *args, **kwargs)
-    ones = tuple(n == 1 for n in (x.shape[:-1] if x.dim() > 1 else x.shape))  # Dynamo specialises 1s
+    ones = tuple(x.shape[d] == 1 for d in _token_dims(tiers, x))  # Dynamo specialises sizes of 1
     key = _shape_class(fn, tiers, x, ones, args, kwargs)
     known = _ready(key)
     if known:
@@ -157,16 +161,22 @@ def _ready(key: tuple[Any, ...]) -> bool | None:
         return None
 
 
+def _token_dims(tiers: CpuTiers, x: torch.Tensor) -> range:
+    return range(x.dim() - tiers.feature_dims) if x.dim() > tiers.feature_dims else range(x.dim())
+
+
 def _token_marks(tiers: CpuTiers, x: torch.Tensor, args: tuple[Any, ...]) -> list[tuple[torch.Tensor, int]]:
-    """The (tensor, dim) pairs to mark dynamic: x's token dims (all but the last; a 1-D x's only
-    dim) and, in every tensor argument that starts with a token dim (query and key for positions,
-    per-token scales, cos/sin rows), each dim of a token dim's size; the last dims too with
-    ``dynamic_hidden``."""
-    token_dims = range(x.dim() - 1) if x.dim() > 1 else range(x.dim())
+    """The (tensor, dim) pairs to mark dynamic: x's token dims (all but its ``feature_dims``; a
+    1-D x's only dim) and, in every tensor argument that starts with a token dim's size (query and
+    key for positions, per-token scales, cos/sin rows), each leading dim of a token dim's size;
+    the last dims too with ``dynamic_hidden``."""
+    token_dims = _token_dims(tiers, x)
     token_sizes = {x.shape[d] for d in token_dims}
-    marks = []
-    for i, t in enumerate((x, *args)):
-        if not isinstance(t, torch.Tensor) or t.dim() == 0 or (i and t.shape[0] not in token_sizes):
+    marks = [(x, d) for d in token_dims]
+    if tiers.dynamic_hidden and x.dim() > 1:
+        marks.append((x, x.dim() - 1))
+    for t in args:
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] not in token_sizes:
             continue
         last = t.dim() - 1
         marks += [(t, d) for d in range(t.dim())

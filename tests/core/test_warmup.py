@@ -145,3 +145,18 @@ def test_warmup_rejects_bad_sizes(sizes):
 def test_warmup_rejects_what_is_not_an_op():
     with pytest.raises(TypeError, match="customop.warmup: expected a module or CustomOp instances, got Linear"):
         customop.warmup([nn.Linear(2, 2)])
+
+
+@pytest.mark.slow
+def test_apply_rotary_compiles_once_per_shape_class(monkeypatch):
+    """x [S, heads, D] with cos/sin [S, D/2]: S is the token dim (marked in x and in cos/sin); the
+    heads and head size stay static."""
+    from customop.ops.rotary_embedding.apply_rotary import ApplyRotaryEmb
+
+    monkeypatch.setattr(ApplyRotaryEmb, "cpu_tiers", ApplyRotaryEmb.cpu_tiers.compiling_from(1))
+    op = ApplyRotaryEmb(True)
+    before = graphs()
+    for s in (5, 9, 40):
+        x, cos, sin = torch.randn(s, 4, 32), torch.rand(s, 16), torch.rand(s, 16)
+        assert_close(op(x, cos, sin), op.forward_native(x, cos, sin), torch.float32)
+    assert graphs() - before == 1

@@ -14,7 +14,7 @@ Tensor = torch.Tensor
 #: On the CPU this op is only ~8 ATen ops eagerly, so the compiled call's guards (~20 us) pay off
 #: from about 4-8 tokens of 32 heads x 128 (16-32k elements; benchmarks/results/cpu_rotary.md);
 #: below that eager is 2-4 us faster.
-APPLY_ROTARY_CPU_TIERS = CpuTiers(32768, rows=False)
+APPLY_ROTARY_CPU_TIERS = CpuTiers(32768, rows=False, dynamic_hidden=False, feature_dims=2)  # [.., S, heads, D]
 
 
 def _check_apply_inputs(x: Tensor, cos: Tensor, sin: Tensor) -> None:
