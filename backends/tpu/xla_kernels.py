@@ -366,20 +366,25 @@ def _functionalize_on_xla(library: torch.library.Library, name: str) -> None:
     library.impl(name, kernel, "AutogradXLA", with_keyset=True)
 
 
-_library: torch.library.Library | None = None
+_libraries: dict[str, torch.library.Library] = {}
 
 
-def register() -> None:
-    """Registers every kernel above for XLA tensors (once). Needs torch only: registering does not
-    import torch_xla; the kernels do, when first called."""
-    global _library
-    if _library is not None:
+def register_table(owner: str, kernels: dict, in_place: tuple[str, ...] = ()) -> None:
+    """Registers ``kernels`` (op name -> kernel) for XLA tensors, and the ``AutogradXLA``
+    functionalization of the ``in_place`` ops, once per ``owner`` (the module holding the table).
+    Needs torch only: registering does not import torch_xla; the kernels do, when first called."""
+    if owner in _libraries:
         return
     import customop.ops  # noqa: F401  (defines the customop:: ops)
 
-    for name, kernel in KERNELS.items():
+    for name, kernel in kernels.items():
         torch.library.register_kernel(f"customop::{name}", "xla", kernel)
     library = torch.library.Library("customop", "IMPL")
-    for name in IN_PLACE:
+    for name in in_place:
         _functionalize_on_xla(library, name)
-    _library = library
+    _libraries[owner] = library
+
+
+def register() -> None:
+    """Registers this module's kernels (the elementwise, norm, rotary and quant families)."""
+    register_table(__name__, KERNELS, IN_PLACE)

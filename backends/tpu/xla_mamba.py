@@ -117,20 +117,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
 }
 IN_PLACE = tuple(KERNELS)
 
-_library: torch.library.Library | None = None
-
 
 def register() -> None:
-    """Registers the kernels above for XLA tensors, and the ``AutogradXLA`` functionalization of
-    each (once). Needs torch only, like ``xla_kernels.register``."""
-    global _library
-    if _library is not None:
-        return
-    import customop.ops._library  # noqa: F401  (defines the customop:: ops)
-
-    for name, kernel in KERNELS.items():
-        torch.library.register_kernel(f"customop::{name}", "xla", kernel)
-    library = torch.library.Library("customop", "IMPL")
-    for name in IN_PLACE:
-        xk._functionalize_on_xla(library, name)
-    _library = library
+    """Registers the kernels above for XLA tensors (once; ``xla_kernels.register_table``)."""
+    xk.register_table(__name__, KERNELS, IN_PLACE)

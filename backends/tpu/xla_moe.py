@@ -39,17 +39,8 @@ def fused_experts(hidden_states: Tensor, w13: Tensor, w2: Tensor, topk_weights: 
 
 
 KERNELS = {"fused_experts": fused_experts}
-_registered = False
 
 
 def register() -> None:
-    """Registers the kernel above for XLA tensors (once). Needs torch only, like
-    ``xla_kernels.register``."""
-    global _registered
-    if _registered:
-        return
-    import customop.ops._library  # noqa: F401  (defines the customop:: ops)
-
-    for name, kernel in KERNELS.items():
-        torch.library.register_kernel(f"customop::{name}", "xla", kernel)
-    _registered = True
+    """Registers the kernels above for XLA tensors (once; ``xla_kernels.register_table``)."""
+    xk.register_table(__name__, KERNELS)
