@@ -23,9 +23,13 @@ from customop.backends.triton._common import device_guard, next_pow2, silu, soft
 
 
 @triton.jit
-def _step(state, A, x, dt, B, C, D, z, dt_bias, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
-          SOFTPLUS: tl.constexpr):
-    """One token: the state advanced and the token's output (fp32)."""
+def _token_step(state, A, D, dt_bias, x_row, dt_row, b_row, c_row, z_row, p_ok, n_ok, HAS_D: tl.constexpr,
+                HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """Reads one token's inputs and returns the advanced state and the token's output (fp32)."""
+    x = tl.load(x_row, mask=p_ok, other=0.0).to(tl.float32)
+    dt = tl.load(dt_row, mask=p_ok, other=0.0).to(tl.float32)
+    B = tl.load(b_row, mask=n_ok, other=0.0).to(tl.float32)
+    C = tl.load(c_row, mask=n_ok, other=0.0).to(tl.float32)
     if HAS_BIAS:
         dt += dt_bias
     if SOFTPLUS:
@@ -35,7 +39,7 @@ def _step(state, A, x, dt, B, C, D, z, dt_bias, HAS_D: tl.constexpr, HAS_Z: tl.c
     if HAS_D:
         y += D * x
     if HAS_Z:
-        y *= silu(z)
+        y *= silu(tl.load(z_row, mask=p_ok, other=0.0).to(tl.float32))
     return state, y
 
 
@@ -79,31 +83,19 @@ def _scan_kernel(
     b_row, c_row = b_ptr + t0 * sb_t + g * sb_g + n * sb_n, c_ptr + t0 * sc_t + g * sc_g + n * sc_n
     z_row, o_row = z_ptr + t0 * sz_t + h * sz_h + p * sz_p, out_ptr + t0 * so_t + h * so_h + p
     if DECODE:  # one step, no loop-carried registers (the loop form kept ~226 live at N = 128)
-        z = 0.0
-        if HAS_Z:
-            z = tl.load(z_row, mask=p_ok, other=0.0).to(tl.float32)
-        state, y = _step(state, A, tl.load(x_row, mask=p_ok, other=0.0).to(tl.float32),
-                         tl.load(dt_row, mask=p_ok, other=0.0).to(tl.float32),
-                         tl.load(b_row, mask=n_ok, other=0.0).to(tl.float32),
-                         tl.load(c_row, mask=n_ok, other=0.0).to(tl.float32), D, z, dt_bias,
-                         HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS)
+        state, y = _token_step(state, A, D, dt_bias, x_row, dt_row, b_row, c_row, z_row, p_ok, n_ok,
+                               HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS)
         tl.store(o_row, y.to(out_ptr.dtype.element_ty), mask=p_ok)
     else:
         for _ in range(start, end):
-            z = 0.0
-            if HAS_Z:
-                z = tl.load(z_row, mask=p_ok, other=0.0).to(tl.float32)
-                z_row += sz_t
-            state, y = _step(state, A, tl.load(x_row, mask=p_ok, other=0.0).to(tl.float32),
-                             tl.load(dt_row, mask=p_ok, other=0.0).to(tl.float32),
-                             tl.load(b_row, mask=n_ok, other=0.0).to(tl.float32),
-                             tl.load(c_row, mask=n_ok, other=0.0).to(tl.float32), D, z, dt_bias,
-                             HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS)
+            state, y = _token_step(state, A, D, dt_bias, x_row, dt_row, b_row, c_row, z_row, p_ok, n_ok,
+                                   HAS_D, HAS_Z, HAS_BIAS, SOFTPLUS)
             tl.store(o_row, y.to(out_ptr.dtype.element_ty), mask=p_ok)
             x_row += sx_t
             dt_row += sdt_t
             b_row += sb_t
             c_row += sc_t
+            z_row += sz_t
             o_row += so_t
     if real & (end > start):
         tl.store(state_tile, state.to(state_ptr.dtype.element_ty), mask=tile_ok)
