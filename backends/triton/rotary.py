@@ -141,7 +141,10 @@ def _as_heads(x: torch.Tensor, num_tokens: int, head_size: int, what: str) -> to
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
                      head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
     """Launcher for ``customop::rotary_embedding``: rotates ``query`` and ``key`` in place."""
-    positions = positions.reshape(-1)
+    # The kernel reads position t at ``pos_ptr + t``: a 1-D view with another stride (an
+    # ``expand``ed arange flattens to stride 0) would read past the tensor's storage, and the
+    # garbage position then indexes past the cache (an illegal access on the GPU).
+    positions = positions.reshape(-1).contiguous()
     num_tokens = positions.numel()
     rotary_dim = cos_sin_cache.shape[-1]
     if rotary_dim % 2 or rotary_dim > head_size:

@@ -100,3 +100,35 @@ def test_decode_step_replays_from_a_cuda_graph():
         assert torch.equal(out, want)
     finally:
         hf.unpatch(model)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 64])
+def test_static_cache_decode_matches_the_model(batch):
+    """Prefill and decode steps against a static cache at Llama-3's head layout (heads of 128),
+    patched against unpatched on identical caches: at batch > 1 a decode step gave the rotary
+    kernel a stride-0 positions view (an illegal memory access in benchmarks/transformers_e2e.py
+    at b=64; tests/integrations/test_transformers_decode_kernels.py is the interpreter twin)."""
+    model = build("llama", torch.bfloat16, head_dim=128).cuda()
+    config = model.config
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(3, 128, (batch, 5), generator=g).cuda()
+    steps = [torch.randint(3, 128, (batch, 1), generator=g).cuda() for _ in range(3)]
+
+    def run():
+        cache = transformers.StaticCache(config=config, max_cache_len=16)
+        cache.early_initialization(batch_size=batch, num_heads=config.num_key_value_heads, head_dim=128,
+                                   dtype=torch.bfloat16, device=torch.device("cuda"))
+        with torch.no_grad():
+            out = [model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1).logits]
+            out += [model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits for ids in steps]
+        torch.cuda.synchronize()
+        return out
+
+    want = run()
+    hf.patch(model)
+    try:
+        got = run()
+    finally:
+        hf.unpatch(model)
+    for i, (g_, w) in enumerate(zip(got, want)):
+        assert_logits_close(g_, w, f"batch {batch}, step {i}")

@@ -74,7 +74,9 @@ class ApplyRotaryEmb(CustomOp):
             return self.forward_native(x, cos, sin)  # the kernel rotates in place: no backward
         dtype = torch.float32 if self.enable_fp32_compute else x.dtype
         seq_len, head_size = x.shape[-3], x.shape[-1]
-        positions = torch.arange(seq_len, device=x.device).expand(*x.shape[:-3], seq_len).flatten()
+        # repeat, not expand + flatten: at seq_len 1 the latter is a stride-0 view (the launcher
+        # would then have to copy it)
+        positions = torch.arange(seq_len, device=x.device).repeat(x.shape[:-3].numel())
         flat = x.reshape(positions.shape[0], x.shape[-2] * head_size)  # not -1: an empty batch has no size to infer
         flat = flat.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
         cache = torch.cat((cos, sin), dim=-1).to(dtype)
