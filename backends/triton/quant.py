@@ -34,6 +34,7 @@ import triton.language as tl
 
 from customop.backends.triton._common import row_stride, rows_or_copy
 from customop.backends.triton._tuning import flat_config, group_config, row_config, sm_count
+from customop.ops._library import quant as _library_quant
 
 #: kernel 1 of the dynamic per-tensor quant: this many programs (and partial maxima) per SM,
 #: each looping over tiles of ``_AMAX_BLOCK`` elements (32 KB of bf16 in flight per program, 64
@@ -298,6 +299,9 @@ def row_quant(x: torch.Tensor, weight: torch.Tensor | None, eps: float, scale_ub
               norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocates ``q`` (x's shape) and ``scale`` (``x.shape[:-1] + (1,)``) and launches
     ``row_quant_kernel``."""
+    # the schema's own check and message, before any early return (an empty x included)
+    _library_quant._check_scale_ub("rms_norm_dynamic_per_token_fp8_quant" if norm
+                                   else "dynamic_per_token_scaled_fp8_quant", scale_ub)
     q = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     scale = torch.empty(tuple(x.shape[:-1]) + (1,), dtype=torch.float32, device=x.device)
     if x.numel() == 0:
@@ -305,8 +309,6 @@ def row_quant(x: torch.Tensor, weight: torch.Tensor | None, eps: float, scale_ub
     rows = rows_or_copy(x)
     m, n = rows.shape
     cfg = row_config(x.device, m, n, quant=True)
-    if scale_ub is not None and scale_ub.numel() != 1:
-        raise ValueError(f"per-token fp8 quant: scale_ub must have one element, got {tuple(scale_ub.shape)}")
     with launch_device(x):
         row_quant_kernel[(triton.cdiv(m, cfg.block_m),)](
             rows, weight if weight is not None else rows, scale_ub if scale_ub is not None else rows,

@@ -337,3 +337,15 @@ def test_through_torch_ops(cpu_kernels, name):
     compiled = torch.compile(lambda *a: op(*a), backend="aot_eager", fullgraph=True)
     for got, want in zip(_bits(compiled(*args)), _bits(direct)):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("tokens", [0, 3])
+def test_per_token_launchers_reject_a_two_element_cap_like_the_schema(tokens):
+    """The launchers' message is the library op's, also for an empty x (which returns early)."""
+    x, cap = torch.randn(tokens, 16), torch.ones(2)
+    fp8 = torch.float8_e4m3fn
+    with pytest.raises(ValueError, match=r"customop::dynamic_per_token_scaled_fp8_quant: scale_ub must have one "
+                                         r"element, got shape \(2,\)"):
+        quant.dynamic_per_token_scaled_fp8_quant(x, cap, fp8, 448.0, 1e-6)
+    with pytest.raises(ValueError, match=r"customop::rms_norm_dynamic_per_token_fp8_quant: scale_ub must have one"):
+        fused_norm_quant.rms_norm_dynamic_per_token_fp8_quant(x, None, 1e-6, cap, fp8, 448.0, 1e-6)
