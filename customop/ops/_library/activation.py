@@ -14,8 +14,15 @@ import torch
 from customop.ops import activation as act
 
 
+#: the gated (``*_and_mul``) ops, in definition order: backends that serve every gated op the same
+#: way read this instead of keeping their own list (the TPU backend does)
+GATED: list[str] = []
+
+
 def _define(name: str, schema: str, reference, gated: bool) -> None:
     """Defines ``customop::<name>`` with ``reference`` as its body and a shape-only fake."""
+    if gated:
+        GATED.append(name)
 
     def body(x: torch.Tensor, *args):
         return reference(x, *args).contiguous()
