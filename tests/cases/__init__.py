@@ -2,7 +2,8 @@
 
 Each family has one case table, ``customop/samples/<family>.py``: the op variants with their
 constructor arguments, the input sizes of each tier (``SIZES``: "check" for ``customop check``,
-"small" for every path emulated on a CPU, "real" for the GPU tier) and the dtypes. Every tier's
+"small" for every path emulated on a CPU, "tpu" where Pallas tiling needs multiples of 128,
+"real" for the GPU tier) and the dtypes. Every tier's
 tests read that table and choose only the path under test and the sizes:
 
 ====================================  ==========  ==================================================
@@ -11,6 +12,9 @@ tests                                 marker      path
 tests/ops/test_<family>.py            (none)      ``forward_native``, ``forward_cpu``
 tests/backends/triton/test_*_triton   interpret   ``forward_kernel`` -> Triton under TRITON_INTERPRET=1
 tests/gpu/test_<family>_cuda.py       cuda        ``forward_kernel`` -> Triton compiled, real sizes
+tests/backends/tpu/test_kernels.py    (none)      the xla kernels (Pallas, interpret mode), "tpu" sizes
+tests/backends/tpu/test_torch_xla.py  xla         ``forward_tpu`` on torch_xla's XLA CPU device
+tests/backends/xpu/test_tables.py     (none/ipex) the XPU provider chain (IPEX's kernels where it has them)
 ``customop check``, assert_conforms   (CLI)       the resolved forward against ``forward_native``
 ====================================  ==========  ==================================================
 

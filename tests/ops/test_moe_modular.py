@@ -131,7 +131,7 @@ def test_conforms(op):
 
 
 def _hf_block(arch: str, dtype: torch.dtype):
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed (not in the test extra)")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install customop[hf])")
     torch.manual_seed(0)
     if arch == "mixtral":
         config = transformers.MixtralConfig(hidden_size=48, intermediate_size=40, num_local_experts=6,
