@@ -10,9 +10,10 @@ module has them, so its checkpoints load as is.
 
 ``forward(inputs_embeds [B, S, hidden], token_type_ids=None, attention_mask=None)`` returns a
 one-element tuple ``(last_hidden_state [B, S, hidden],)`` (vLLM returns HF's output object, whose
-``[0]`` is that tensor). Positions are ``0..S-1``; the mask is ``customop/math/qwen2_decoder.py``'s
-(image half bidirectional, query half causal on itself); ``attention_mask`` (``[B, S]``, 1 = keep)
-additionally hides padded keys; ``token_type_ids`` is accepted and unused, as in vLLM. The layer
+``[0]`` is that tensor). Positions are ``0..S-1``; the mask is ``customop/math/qwen2_decoder.py``'s,
+built from ``token_type_ids`` (``[B, S]``: 0 = image, bidirectional; 1 = query, causal on the
+queries; as vLLM builds it), or, when they are None, from vLLM's own layout (the first ``S // 2``
+tokens images); ``attention_mask`` (``[B, S]``, 1 = keep) additionally hides padded keys. The layer
 has no platform code of its own: its sub-ops have theirs, so every ``forward_*`` is the same
 composition.
 """
@@ -118,7 +119,7 @@ class CustomQwen2Decoder(CustomOp):
         self.rotary_emb = RotaryEmbedding(head_dim, head_dim, max_position_embeddings, rope_theta,
                                           is_neox_style=True, dtype=torch.float32)
 
-    def check_input(self, x: Any, attention_mask: Any) -> None:
+    def check_input(self, x: Any, attention_mask: Any, token_type_ids: Any = None) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{_OP}: inputs_embeds must be a torch.Tensor, got {type(x).__name__}")
         weight = self.model.norm.weight
@@ -130,12 +131,18 @@ class CustomQwen2Decoder(CustomOp):
             raise ValueError(f"{_OP}: {x.shape[1]} tokens exceed max_position_embeddings={self.max_position_embeddings}")
         if attention_mask is not None and tuple(attention_mask.shape) != tuple(x.shape[:2]):
             raise ValueError(f"{_OP}: attention_mask has shape {tuple(attention_mask.shape)}, expected {tuple(x.shape[:2])}")
+        if token_type_ids is not None and (not isinstance(token_type_ids, torch.Tensor)
+                                           or tuple(token_type_ids.shape) != tuple(x.shape[:2])
+                                           or token_type_ids.is_floating_point()):
+            got = tuple(token_type_ids.shape) if isinstance(token_type_ids, torch.Tensor) else type(token_type_ids).__name__
+            raise ValueError(f"{_OP}: token_type_ids must be an integer tensor of shape {tuple(x.shape[:2])} "
+                             f"(0 = image, 1 = query), got {got}")
 
     def forward_native(self, inputs_embeds: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                        attention_mask: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor]:
-        self.check_input(inputs_embeds, attention_mask)
+        self.check_input(inputs_embeds, attention_mask, token_type_ids)
         b, s, _ = inputs_embeds.shape
-        mask = additive_mask(s, inputs_embeds.dtype, inputs_embeds.device, attention_mask)
+        mask = additive_mask(s, inputs_embeds.dtype, inputs_embeds.device, attention_mask, token_type_ids)
         positions = torch.arange(s, device=inputs_embeds.device).repeat(b)
         h = inputs_embeds
         for layer in self.model.layers:

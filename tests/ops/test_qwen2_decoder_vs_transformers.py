@@ -7,9 +7,9 @@
   hidden): the whole ``CustomQwen2Decoder`` against ``Qwen2Model`` given that mask as a custom 4-D
   additive mask (transformers passes a 4-D mask through as is), the mask written here from
   ``token_type_ids`` (0 = image, 1 = query) the way vLLM's module derives it.
-* customop ignores ``token_type_ids`` and always splits at ``S // 2``; vLLM derives the mask from
-  them. The two agree for vLLM's only layout (``n`` image then ``n`` query tokens); another layout
-  is an expected failure, kept here so that a change on either side shows.
+* The mask follows ``token_type_ids`` as vLLM's does, for any layout (image tokens after queries,
+  interleaved, a type other than 0/1), with padding ADDED as vLLM adds it (a padded key that is also
+  not allowed is -inf); without types, the half split (vLLM's encoder's layout).
 
 customop keeps q/k/v and gate/up unfused with HF's names under ``model.``, so the weights map by
 dropping that prefix; ``Qwen2Model``'s token embedding is the only parameter left unloaded."""
@@ -75,9 +75,11 @@ def vllm_style_mask(token_type_ids: torch.Tensor, keep: torch.Tensor | None) -> 
             allow[r, 0, i, image] = True
         for k, i in enumerate(query):
             allow[r, 0, i, image + query[: k + 1]] = True
-    if keep is not None:
-        allow &= keep.bool()[:, None, None, :]
-    return torch.where(allow, 0.0, torch.finfo(torch.float32).min)
+    lowest = torch.finfo(torch.float32).min
+    mask = torch.where(allow, 0.0, lowest)
+    if keep is not None:  # vLLM adds the padding mask: padded and not allowed sums to -inf
+        mask = mask + torch.where(keep.bool()[:, None, None, :], 0.0, lowest)
+    return mask
 
 
 def split_types(batch: int, seq: int, n_image: int) -> torch.Tensor:
@@ -123,11 +125,22 @@ def test_decoder_matches_qwen2_with_its_4d_mask(batch, seq, padded, custom_ops, 
         assert not torch.allclose(got, causal, **TOL)
 
 
-@pytest.mark.xfail(strict=True, reason="customop ignores token_type_ids and splits at S // 2; vLLM 0.33's "
-                                       "module builds the mask from token_type_ids")
-def test_token_type_ids_other_than_half_split():
+@pytest.mark.parametrize("layout", ["3 image first", "queries first", "interleaved", "a type-2 token"])
+def test_token_type_ids_drive_the_mask(layout):
     op, hf = build(["none"], "sdpa")
+    x, keep = inputs(2, 8, 3)
+    types = {"3 image first": split_types(2, 8, 3),
+             "queries first": 1 - split_types(2, 8, 5),
+             "interleaved": (torch.arange(8) % 2).expand(2, 8).clone(),
+             "a type-2 token": split_types(2, 8, 4).index_fill_(1, torch.tensor([6]), 2)}[layout]
+    for pad in (None, keep):
+        expected = hf(inputs_embeds=x, attention_mask=vllm_style_mask(types, pad)).last_hidden_state
+        torch.testing.assert_close(op(x, token_type_ids=types, attention_mask=pad)[0], expected, **TOL)
+
+
+def test_token_type_ids_are_checked():
+    op, _ = build(["none"], "sdpa")
     x, _ = inputs(1, 8, 0)
-    types = split_types(1, 8, 3)
-    expected = hf(inputs_embeds=x, attention_mask=vllm_style_mask(types, None)).last_hidden_state
-    torch.testing.assert_close(op(x, token_type_ids=types)[0], expected, **TOL)
+    for bad in (torch.zeros(1, 7, dtype=torch.long), torch.zeros(1, 8), [0] * 8):
+        with pytest.raises(ValueError, match="qwen2_decoder.*token_type_ids must be an integer tensor of shape"):
+            op(x, token_type_ids=bad)
