@@ -111,23 +111,77 @@ def decode_attention(q: torch.Tensor, history: torch.Tensor, kv_b_weight: torch.
     q_nope, q_pe = q.float().split([d.qk_nope_head_dim, d.qk_rope_head_dim], dim=-1)
     query = torch.cat((torch.einsum("tnp,npl->tnl", q_nope, w_uk), q_pe), dim=-1)  # [t, N, L + R]
     rows = history.float()
-    scores = torch.einsum("tnc,sc->tns", query, rows) * d.scale
-    scores = scores.masked_fill(~_causal(q.shape[0], rows.shape[0], q.device)[:, None, :], float("-inf"))
-    o_latent = torch.einsum("tns,sl->tnl", scores.softmax(-1), rows[:, :d.kv_lora_rank])
+    mask = _causal(q.shape[0], rows.shape[0], q.device)
+    o_latent = latent_attention(query, rows, d.kv_lora_rank, d.scale, mask)
     return torch.einsum("tnl,nlv->tnv", o_latent.to(q.dtype).float(), w_uv).to(q.dtype)
 
 
+def latent_attention(query: torch.Tensor, rows: torch.Tensor, kv_lora_rank: int, scale: float,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The absorbed attention itself, all fp32: ``query`` ``[t, N, L + R]`` against the latent
+    rows ``[S, L + R]`` (``mask`` ``[t, S]`` bool: which rows each query sees) -> the latent output
+    ``[t, N, L]``. Over no rows at all the output is zeros."""
+    scores = torch.einsum("tnc,sc->tns", query, rows) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+    return torch.einsum("tns,sl->tnl", scores.softmax(-1), rows[:, :kv_lora_rank])
+
+
+def paged_latent_decode(q_latent: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                        seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """``customop::mla_decode``'s reference: one absorbed query per row ``b`` (``q_latent``
+    ``[B, N, L]``, ``q_pe`` ``[B, N, R]``) over the first ``seq_lens[b]`` cache rows of
+    ``block_table[b]`` -> the latent output ``[B, N, L]`` in q's dtype (fp32 scores and softmax;
+    zeros where ``seq_lens[b]`` is 0)."""
+    out = q_latent.new_zeros(q_latent.shape)
+    for b, length in enumerate(seq_lens.tolist()):
+        if length <= 0:
+            continue  # a softmax over nothing: the output stays zero
+        rows = gather_history(kv_cache, block_table[b], length).float()
+        query = torch.cat((q_latent[b], q_pe[b]), dim=-1).float()[None]
+        out[b] = latent_attention(query, rows, q_latent.shape[-1], scale)[0].to(out.dtype)
+    return out
+
+
+def absorbed_decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: MLAMetadata, kv_b_weight: torch.Tensor, d: MLADims,
+                    latent_decode) -> torch.Tensor:
+    """The decode requests' tokens (``q`` ``[n, N, P + R]``, the batch's first ``n`` tokens) through
+    ``latent_decode`` (``customop::mla_decode``'s signature): each token is its own row, seeing
+    its request's positions up to its own (so a request with several decode tokens stays causal).
+    The absorbed query is rounded to q's dtype (the latent op's input). -> ``[n, N, V]``."""
+    w_uk, w_uv = absorbed_weights(kv_b_weight.float(), d)
+    q_nope, q_pe = q.split([d.qk_nope_head_dim, d.qk_rope_head_dim], dim=-1)
+    q_latent = torch.einsum("tnp,npl->tnl", q_nope.float(), w_uk).to(q.dtype)
+    starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+    request, visible = [], []
+    for r in range(meta.num_decodes):
+        q_len = starts[r + 1] - starts[r]
+        request += [r] * q_len
+        visible += range(lens[r] - q_len + 1, lens[r] + 1)
+    table = meta.block_table[torch.tensor(request, dtype=torch.long, device=q.device)]
+    seq_lens = torch.tensor(visible, dtype=torch.int32, device=q.device)
+    o_latent = latent_decode(q_latent, q_pe.contiguous(), kv_cache, table, seq_lens, max(visible, default=0), d.scale)
+    return torch.einsum("tnl,nlv->tnv", o_latent.float(), w_uv).to(q.dtype)
+
+
 def mla_attention(q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
-                  meta: MLAMetadata, kv_b_weight: torch.Tensor, d: MLADims) -> torch.Tensor:
+                  meta: MLAMetadata, kv_b_weight: torch.Tensor, d: MLADims, latent_decode=None) -> torch.Tensor:
     """Writes the batch's rows into ``kv_cache`` (in place), then attends: decode requests by
     absorption, prefill requests by up-projection, each over its whole history. ``q``
-    ``[T, N, P + R]`` -> ``[T, N * V]`` in q's dtype."""
+    ``[T, N, P + R]`` -> ``[T, N * V]`` in q's dtype. ``latent_decode`` (a kernel with
+    ``customop::mla_decode``'s signature): the decode requests go through it, all at once
+    (``absorbed_decode``), instead of the per-request spec."""
     write_cache(kv_cache, meta.slot_mapping, kv_c_normed, k_pe)
     out = q.new_zeros(q.shape[0], d.num_heads, d.v_head_dim)
     starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
+    first = 0
+    if latent_decode is not None and meta.num_decodes:
+        first, n = meta.num_decodes, starts[meta.num_decodes]
+        if n:
+            out[:n] = absorbed_decode(q[:n], kv_cache, meta, kv_b_weight, d, latent_decode)
     for r, length in enumerate(lens):
         a, b = starts[r], starts[r + 1]
-        if a == b:
+        if a == b or r < first:
             continue
         history = gather_history(kv_cache, meta.block_table[r], length)
         attend = decode_attention if r < meta.num_decodes else prefill_attention

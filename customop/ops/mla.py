@@ -13,8 +13,9 @@ module, GPT-J style for DeepSeek) on the last ``qk_rope_head_dim`` lanes of ever
 ``k_pe``; ``llama_4_scaling``; attention (decode requests absorbed over the latent rows, prefill
 requests up-projected: the math module); ``o_proj``. Submodules are the caller's (customop's
 ``ReplicatedLinear``/``ColumnParallelLinear``, ``RMSNorm``, ``get_rope``... or any module with their
-call forms: linear layers may return ``(out, bias)`` tuples). The spec runs on every platform so
-far: no decode kernel yet (docs/mla.md). Sparse (V3.2 indexer) models are not supported.
+call forms: linear layers may return ``(out, bias)`` tuples). Accelerators (``forward_kernel``)
+send the decode requests' latent attention to ``torch.ops.customop.mla_decode`` (a Triton
+split-context kernel: docs/mla.md); the rest is the spec. Sparse (V3.2 indexer) models are not supported.
 """
 
 from __future__ import annotations
@@ -139,6 +140,29 @@ class MultiHeadLatentAttentionWrapper(CustomOp):
     def forward_native(self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache: torch.Tensor | None = None,
                        attn_metadata: MLAMetadata | None = None,
                        llama_4_scaling: torch.Tensor | None = None) -> torch.Tensor:
+        return self._layer(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling)
+
+    def forward_cuda(self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache: torch.Tensor | None = None,
+                     attn_metadata: MLAMetadata | None = None,
+                     llama_4_scaling: torch.Tensor | None = None) -> torch.Tensor:
+        return self.forward_kernel(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling)
+
+    forward_xpu = forward_tpu = forward_cuda
+
+    def forward_kernel(self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache: torch.Tensor | None = None,
+                       attn_metadata: MLAMetadata | None = None,
+                       llama_4_scaling: torch.Tensor | None = None) -> torch.Tensor:
+        """The spec, with the decode requests' latent attention through ``torch.ops.customop.mla_decode``
+        (the Triton split-context kernel on GPUs); prefill requests stay as in the spec. While
+        autograd records, the spec runs throughout (the library op has no backward)."""
+        if torch.is_grad_enabled() and (hidden_states.requires_grad or self.kv_b_proj.weight.requires_grad):
+            return self.forward_native(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling)
+        return self._layer(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling,
+                           latent_decode=torch.ops.customop.mla_decode)
+
+    def _layer(self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache: torch.Tensor | None,
+               attn_metadata: MLAMetadata | None, llama_4_scaling: torch.Tensor | None,
+               latent_decode: Any = None) -> torch.Tensor:
         self.check_inputs(positions, hidden_states, kv_cache, attn_metadata)
         q, kv_c_normed, k_pe = self._qkv(positions, hidden_states)
         if llama_4_scaling is not None:
@@ -146,7 +170,8 @@ class MultiHeadLatentAttentionWrapper(CustomOp):
         if attn_metadata is None:  # vLLM's profile run: no cache, a zero attention output
             attn = q.new_zeros(q.shape[0], self.num_heads * self.v_head_dim)
         else:
-            attn = mla_attention(q, kv_c_normed, k_pe, kv_cache, attn_metadata, self.kv_b_proj.weight, self.dims)
+            attn = mla_attention(q, kv_c_normed, k_pe, kv_cache, attn_metadata, self.kv_b_proj.weight, self.dims,
+                                 latent_decode)
         return _out(self.o_proj(attn))
 
     def extra_repr(self) -> str:

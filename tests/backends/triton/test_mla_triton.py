@@ -1,0 +1,154 @@
+"""The MLA decode kernel (backends/triton/mla.py) under the Triton interpreter: the launcher and
+the split kernels against a float64 reference of ``customop::mla_decode`` (the op's own reference
+on float64 copies) on tiny shapes (L=32, R=16, 4 heads, blocks of 16), contexts 1, 15, 16, 17 and
+70 in 1, 2, 3 and 5 splits with a padded, shuffled block table and an empty row, every dtype,
+poisoned outputs; bad inputs; then the layer end to end through ``forward_kernel`` with the
+launcher as the CPU kernel of ``customop::mla_decode``, against the float64 layer reference
+(``tests/cases/mla.py``), and decode == prefill through the kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from customop.backends.triton import mla as kernel
+from customop.math.mla import paged_latent_decode
+from customop.testing import assert_close, randn
+from tests.backends.triton.conftest import as_cpu_kernel
+
+pytestmark = pytest.mark.interpret
+
+L, R, HEADS, BLOCK = 32, 16, 4, 16
+CONTEXTS = (1, 15, 16, 17, 70, 0)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: bf16/fp16 by normwise relative error: the kernel rounds the probabilities to the input dtype
+#: before P @ kv_c and the output once (the reference neither)
+NORMWISE = {torch.bfloat16: 4 * 2.0 ** -8, torch.float16: 4 * 2.0 ** -11}
+
+
+def close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    if dtype == torch.float32:
+        assert_close(got, expected, dtype, what=what)
+        return
+    err = float((got.double() - expected).norm() / expected.norm())
+    assert err <= NORMWISE[dtype], f"{what}: normwise relative error {err:.2e} > {NORMWISE[dtype]:.2e}"
+
+
+def inputs(dtype: torch.dtype, contexts=CONTEXTS, seed: int = 0):
+    """Rows with the given contexts; blocks shuffled over a cache with spare blocks, the table
+    padded to the widest row with -1 (never read) and NaN in the unused cache rows (never read)."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(-(-c // BLOCK) for c in contexts) + 1
+    used = sum(-(-c // BLOCK) for c in contexts)
+    order = torch.randperm(used + 3, generator=gen)
+    cache = torch.full((used + 3, BLOCK, L + R), float("nan"), dtype=dtype)
+    table = torch.full((len(contexts), width), -1, dtype=torch.int32)
+    taken = 0
+    for b, c in enumerate(contexts):
+        n = -(-c // BLOCK)
+        table[b, :n] = order[taken:taken + n].int()
+        taken += n
+        pos = torch.arange(c)
+        cache[table[b, pos // BLOCK].long(), pos % BLOCK] = randn(c, L + R, dtype=dtype, generator=gen)
+    q_latent = randn(len(contexts), HEADS, L, dtype=dtype, generator=gen)
+    q_pe = randn(len(contexts), HEADS, R, dtype=dtype, generator=gen)
+    lens = torch.tensor(contexts, dtype=torch.int32)
+    return q_latent, q_pe, cache, table, lens
+
+
+def reference(q_latent, q_pe, cache, table, lens, scale):
+    return paged_latent_decode(q_latent.double(), q_pe.double(), cache.double(), table, lens, scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_splits_match_float64_reference(dtype, poison_empty):
+    q_latent, q_pe, cache, table, lens = inputs(dtype)
+    scale = (L + R) ** -0.5
+    expected = reference(q_latent, q_pe, cache, table, lens, scale)
+    for splits in (1, 2, 3, 5):
+        got = kernel.mla_decode_splits(q_latent, q_pe, cache, table, lens, scale, splits, block_n=16)
+        assert got.dtype == dtype and got.shape == q_latent.shape
+        assert torch.equal(got[-1], torch.zeros_like(got[-1])), "an empty context gives zeros"
+        close(got, expected, dtype, f"{splits} splits")
+
+
+def test_launcher_and_strided_inputs(poison_empty):
+    q_latent, q_pe, cache, table, lens = inputs(torch.bfloat16, (70, 33, 5), seed=1)
+    scale = 0.3
+    expected = reference(q_latent, q_pe, cache, table, lens, scale)
+    close(kernel.mla_decode(q_latent, q_pe, cache, table, lens, 70, scale), expected, torch.bfloat16, "max_seq_len 70")
+    close(kernel.mla_decode(q_latent, q_pe, cache, table, lens, 0, scale), expected, torch.bfloat16, "unknown max")
+    # q as views of one [B, N, L + R] query (the layer's absorbed layout), the table wider than needed
+    q = torch.cat((q_latent, q_pe), dim=-1)
+    wide = torch.cat((table, torch.full_like(table, -1)), dim=1)
+    close(kernel.mla_decode(q[..., :L], q[..., L:], cache, wide, lens, 0, scale), expected, torch.bfloat16, "views")
+
+
+def test_num_splits():
+    cpu = torch.device("cpu")
+    assert kernel.num_splits(64, 128, 4096, cpu) == 1
+    assert kernel.num_splits(1, 128, 32768, cpu) > 1
+    assert kernel.num_splits(1, 128, 100, cpu) == 1  # short contexts are not split
+    assert kernel.num_splits(1, 1, 10 ** 7, cpu) == kernel.MAX_SPLITS
+
+
+def test_bad_inputs():
+    q_latent, q_pe, cache, table, lens = inputs(torch.float32, (5, 3))
+    with pytest.raises(ValueError, match="customop::mla_decode: kv_cache must be"):
+        kernel.mla_decode(q_latent, q_pe, cache[..., :-1], table, lens, 0, 1.0)
+    with pytest.raises(ValueError, match="customop::mla_decode: block_table must be"):
+        kernel.mla_decode(q_latent, q_pe, cache, table.float(), lens, 0, 1.0)
+    with pytest.raises(ValueError, match="customop::mla_decode: seq_lens must be"):
+        kernel.mla_decode(q_latent, q_pe, cache, table, lens[:1], 0, 1.0)
+    with pytest.raises(TypeError, match="customop::mla_decode: q_latent and q_pe"):
+        kernel.mla_decode(q_latent, q_pe.half(), cache, table, lens, 0, 1.0)
+
+
+# ---- the layer through forward_kernel ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_layer_forward_kernel(dtype):
+    from customop.ops.mla import MultiHeadLatentAttentionWrapper
+    from customop.samples.mla import BATCHES, build_modules, init_kwargs
+    from tests.cases.mla import reference as layer_reference
+    from tests.ops.test_mla import close as layer_close
+
+    op = MultiHeadLatentAttentionWrapper(**init_kwargs(build_modules(True, dtype), True))
+    batch = BATCHES[0]  # decodes with long contexts, a chunked prefill and a fresh prefill
+    positions, hidden, cache, meta = batch.build(dtype)
+    assert meta.num_decodes > 0
+    expected, _ = layer_reference(op, positions, hidden, cache.clone(), meta)
+    with torch.no_grad(), as_cpu_kernel("mla_decode", kernel.mla_decode) as calls:
+        got = op.forward_kernel(positions, hidden, cache, meta)
+    assert calls, "the kernel ran"
+    layer_close(got, expected, dtype, f"{batch.label} forward_kernel")
+
+
+def test_decode_equals_prefill_through_the_kernel():
+    from customop.math.mla import MLAMetadata
+    from customop.ops.mla import MultiHeadLatentAttentionWrapper
+    from customop.samples.mla import BLOCK_SIZE, build_modules, init_kwargs
+
+    dtype = torch.float32
+    op = MultiHeadLatentAttentionWrapper(**init_kwargs(build_modules(False, dtype), False))
+    hidden = randn(9, op.hidden_size, dtype=dtype, generator=torch.Generator().manual_seed(5))
+    table = torch.tensor([[7, 2, 5]], dtype=torch.int32)
+
+    def step(cache, start, count, decode):
+        pos = torch.arange(start, start + count)
+        slots = table[0, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE
+        meta = MLAMetadata(slots, table, torch.tensor([start + count]), torch.tensor([0, count]), int(decode))
+        return op.forward_kernel(pos, hidden[start:start + count], cache, meta)
+
+    fresh = lambda: torch.full((8, BLOCK_SIZE, op.kv_lora_rank + op.qk_rope_head_dim), float("nan"), dtype=dtype)  # noqa: E731
+    with torch.no_grad(), as_cpu_kernel("mla_decode", kernel.mla_decode) as calls:
+        whole = step(fresh(), 0, 9, decode=False)
+        cache = fresh()
+        parts = [step(cache, 0, 5, decode=False)] + [step(cache, t, 1, decode=True) for t in range(5, 9)]
+        # two decode tokens of one request in one step stay causal
+        cache2 = fresh()
+        two = [step(cache2, 0, 7, decode=False), step(cache2, 7, 2, decode=True)]
+    assert len(calls) == 5
+    assert_close(torch.cat(parts), whole, dtype, what="decode vs prefill")
+    assert_close(torch.cat(two), whole, dtype, what="two decode tokens vs prefill")
