@@ -2,7 +2,7 @@
 the split kernels against a float64 reference of ``customop::mla_decode`` (the op's own reference
 on float64 copies) on tiny shapes (L=32, R=16, 4 heads, blocks of 16), contexts 1, 15, 16, 17 and
 70 in 1, 2, 3 and 5 splits with a padded, shuffled block table and an empty row, every dtype,
-poisoned outputs; bad inputs; then the layer end to end through ``forward_kernel`` with the
+poisoned outputs; bad inputs; opcheck; then the layer end to end through ``forward_kernel`` with the
 launcher as the CPU kernel of ``customop::mla_decode``, against the float64 layer reference
 (``tests/cases/mla.py``), and decode == prefill through the kernel."""
 
@@ -102,6 +102,14 @@ def test_bad_inputs():
         kernel.mla_decode(q_latent, q_pe, cache, table, lens[:1], 0, 1.0)
     with pytest.raises(TypeError, match="customop::mla_decode: q_latent and q_pe"):
         kernel.mla_decode(q_latent, q_pe.half(), cache, table, lens, 0, 1.0)
+
+
+def test_opcheck():
+    """The library op's schema and fake, on its reference and with the kernel as the CPU kernel."""
+    args = (*inputs(torch.float32, (17, 0, 5)), 17, 0.25)
+    torch.library.opcheck(torch.ops.customop.mla_decode.default, args)
+    with as_cpu_kernel("mla_decode", kernel.mla_decode):
+        torch.library.opcheck(torch.ops.customop.mla_decode.default, args)
 
 
 # ---- the layer through forward_kernel ----------------------------------------------------------
