@@ -2,8 +2,8 @@
 (``customop/samples/mla.py``), with q LoRA and with a plain q projection, on forward_native and
 forward_cpu against the float64 reference (``tests/cases/mla.py``: per-head up-projected attention,
 never the absorbed form), the rows written to the cache, decode == prefill on one sequence,
-``llama_4_scaling``, the profile run, bad metadata, conformance. The spec runs on every platform so
-far (no decode kernel yet: docs/mla.md).
+``llama_4_scaling``, the profile run, bad metadata, conformance. The decode kernel
+(``customop::mla_decode``) is tested in tests/backends/triton/test_mla_triton.py.
 
 fp32 is compared elementwise; bf16/fp16 by normwise relative error, at most four unit roundoffs
 (the layer stores ~10 intermediate results in the dtype, the reference none).
