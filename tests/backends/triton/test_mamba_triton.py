@@ -18,6 +18,7 @@ from customop.backends.triton import mamba_conv, mamba_norm, mamba_scan, mamba_s
 from customop.math import mamba as spec
 from customop.samples.mamba import BATCHES, CASES, DTYPES, NORM_CASES, NORM_SIZES
 from customop.testing import assert_close, oracle
+from tests.backends.triton import aot_subprocess
 from tests.backends.triton.conftest import as_cpu_kernel
 from tests.cases.mamba import assert_matches, norm_reference, reference
 
@@ -243,46 +244,11 @@ def _aot_cases(P="*bf16", S="*fp32"):
                                                                      SINGLE_TILE=False), 8
 
 
-def aot_report(target: str) -> dict:
-    from tests.backends.triton.aot_check import compile_one
-
-    report = {}
-    for label, kernel, types, const, warps in _aot_cases():
-        sig = {a: types.get(a, "i32") for a in kernel.arg_names if a not in const}
-        try:
-            report[label] = compile_one(kernel, sig, const, warps, (), target)
-        except Exception as err:  # reported per kernel
-            report[label] = {"error": f"{type(err).__name__}: {str(err)[:2000]}"}
-    return report
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
 def test_kernels_compile_for_the_gpus(target):
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from tests.backends.triton.test_aot_compile import ROOT, _nvidia_backend_present
-
-    if target.startswith("cuda") and not _nvidia_backend_present():
-        pytest.skip("triton's NVIDIA backend (ptxas, cuobjdump) is not installed")
-    proc = subprocess.run([sys.executable, "-m", "tests.backends.triton.test_mamba_triton", target], cwd=ROOT,
-                          env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True, timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert lines, proc.stderr[-4000:]
-    report = json.loads(lines[-1])
-    assert len(report) == len(list(_aot_cases()))
-    problems = [f"{label}: {info['error']}" for label, info in report.items() if "error" in info]
-    if target.startswith("cuda"):
-        problems += [f"{label}: spills {info}" for label, info in report.items()
-                     if "error" not in info and (info["local_bytes"] or info["spill_bytes"])]
-    assert not problems, "\n".join(problems)
+    aot_subprocess.assert_compiles_for("tests.backends.triton.test_mamba_triton", target, len(list(_aot_cases())))
 
 
 if __name__ == "__main__":
-    import json
-    import sys
-
-    print(json.dumps(aot_report(sys.argv[1] if len(sys.argv) > 1 else "cuda:90")))
+    aot_subprocess.main(_aot_cases())

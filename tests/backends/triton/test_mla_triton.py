@@ -14,6 +14,7 @@ import torch
 from customop.backends.triton import mla as kernel
 from customop.math.mla import paged_latent_decode
 from customop.testing import assert_close, randn
+from tests.backends.triton import aot_subprocess
 from tests.backends.triton.conftest import as_cpu_kernel
 
 pytestmark = pytest.mark.interpret
@@ -184,46 +185,11 @@ def _aot_cases():
            dict(L=512, BLOCK_L=512, NUM_SPLITS=8), 4)
 
 
-def aot_report(target: str) -> dict:
-    from tests.backends.triton.aot_check import compile_one
-
-    report = {}
-    for label, kern, types, const, warps in _aot_cases():
-        sig = {a: types.get(a, "i32") for a in kern.arg_names if a not in const}
-        try:
-            report[label] = compile_one(kern, sig, const, warps, _ALIGNED, target)
-        except Exception as err:  # reported per kernel
-            report[label] = {"error": f"{type(err).__name__}: {str(err)[:2000]}"}
-    return report
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
 def test_kernels_compile_for_the_gpus(target):
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from tests.backends.triton.test_aot_compile import ROOT, _nvidia_backend_present
-
-    if target.startswith("cuda") and not _nvidia_backend_present():
-        pytest.skip("triton's NVIDIA backend (ptxas, cuobjdump) is not installed")
-    proc = subprocess.run([sys.executable, "-m", "tests.backends.triton.test_mla_triton", target], cwd=ROOT,
-                          env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True, timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert lines, proc.stderr[-4000:]
-    report = json.loads(lines[-1])
-    assert len(report) == len(list(_aot_cases()))
-    problems = [f"{label}: {info['error']}" for label, info in report.items() if "error" in info]
-    if target.startswith("cuda"):
-        problems += [f"{label}: spills {info}" for label, info in report.items()
-                     if "error" not in info and (info["local_bytes"] or info["spill_bytes"])]
-    assert not problems, "\n".join(problems)
+    aot_subprocess.assert_compiles_for("tests.backends.triton.test_mla_triton", target, len(list(_aot_cases())))
 
 
 if __name__ == "__main__":
-    import json
-    import sys
-
-    print(json.dumps(aot_report(sys.argv[1] if len(sys.argv) > 1 else "cuda:90")))
+    aot_subprocess.main(_aot_cases(), _ALIGNED)
