@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -85,3 +87,18 @@ def softplus(x):
     # log(1 + exp(x)) as torch computes it (x itself above 20); exp(x) where 1 + exp(x) rounds to 1
     e = tl.exp(tl.minimum(x, 20.0))
     return tl.where(x > 20.0, x, tl.where(x < -15.0, e, tl.log(1.0 + e)))
+
+
+#: the Triton mode is fixed for the process when a kernel is decorated (i.e. at import)
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def interpreter_safe_dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """``tl.dot`` with ``input_precision=PRECISION``; ``UPCAST`` (pass ``INTERPRETED`` and bf16
+    inputs): the interpreter multiplies bf16 tiles as their uint16 bits (triton 3.7.1), so they
+    go through fp32 (exact for bf16 products; the GPU's bf16 MMA also accumulates in fp32)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)

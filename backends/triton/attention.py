@@ -37,32 +37,18 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from customop.backends.triton._common import device_guard, next_pow2
+from customop.backends.triton._common import INTERPRETED, device_guard, interpreter_safe_dot, next_pow2
 from customop.math import attention as _math
 
 #: head sizes the Triton kernel takes (its padded tile must fit the registers)
 MAX_HEAD_DIM = 256
 _LOG2E = 1.4426950408889634
-#: the Triton mode is fixed for the process when a kernel is decorated (i.e. at this import)
-_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    # UPCAST: the Triton interpreter stores bf16 as uint16 and multiplies those integers in
-    # tl.dot (triton 3.7.1), so interpreted bf16 tiles go through fp32 (exact for bf16 products;
-    # the GPU's bf16 MMA also accumulates in fp32)
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b, input_precision=PRECISION)
 
 
 @triton.jit
@@ -102,7 +88,7 @@ def _varlen_attention_kernel(Q, K, V, O, CU, total, qk_scale,
         key_tokens = (start + cols).to(tl.int64)
         k = tl.load(k_base + key_tokens[None, :] * stride_kt + lanes[:, None],
                     mask=lane_ok[:, None] & col_ok[None, :], other=0.0)  # [BLOCK_D, BLOCK_N]
-        s = _dot(q, k, PRECISION, UPCAST) * qk_scale
+        s = interpreter_safe_dot(q, k, PRECISION, UPCAST) * qk_scale
         s = tl.where(col_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has at least one key
         p = tl.exp2(s - m_new[:, None])
@@ -110,7 +96,7 @@ def _varlen_attention_kernel(Q, K, V, O, CU, total, qk_scale,
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + key_tokens[:, None] * stride_vt + lanes[None, :],
                     mask=col_ok[:, None] & lane_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+        acc = acc * alpha[:, None] + interpreter_safe_dot(p.to(v.dtype), v, PRECISION, UPCAST)
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(O + tokens[:, None] * stride_ot + head * stride_oh + lanes[None, :],
@@ -155,7 +141,7 @@ def triton_varlen_attention(query: torch.Tensor, key: torch.Tensor, value: torch
             out.stride(0), out.stride(1),
             GROUP=heads // key.shape[1], HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn,
             PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-            UPCAST=query.dtype == torch.bfloat16 and _INTERPRETED, num_warps=warps, num_stages=stages)
+            UPCAST=query.dtype == torch.bfloat16 and INTERPRETED, num_warps=warps, num_stages=stages)
     return out
 
 

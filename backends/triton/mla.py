@@ -30,31 +30,20 @@ the tile sizes are a first guess, not tuned on a GPU (tests/gpu/test_mla_cuda.py
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from customop.backends.triton._common import device_guard, next_pow2
+from customop.backends.triton._common import INTERPRETED, device_guard, interpreter_safe_dot, next_pow2
 
 _LOG2E = 1.4426950408889634
-_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 #: heads per program (tl.dot needs at least 16 rows; fewer heads are masked)
 BLOCK_H = 16
 #: the fewest context positions a split gets, and the most splits
 MIN_SPLIT = 256
 MAX_SPLITS = 64
 _OP = "customop::mla_decode"
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    # UPCAST: the interpreter multiplies bf16 tiles as their uint16 bits in tl.dot (triton 3.7.1)
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b, input_precision=PRECISION)
 
 
 @triton.jit
@@ -96,13 +85,14 @@ def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, qk_scale, num_blocks, table
         kv = tl.load(base[None, :] + lanes[:, None], mask=l_ok[:, None] & ok[None, :], other=0.0)  # [BLOCK_L, BLOCK_N]
         k_pe = tl.load(base[None, :] + L + pe[:, None], mask=pe_ok[:, None] & ok[None, :], other=0.0)
         kv = kv.to(q.dtype)
-        s = _dot(q, kv, PRECISION, UPCAST) + _dot(q_pe, k_pe.to(q.dtype), PRECISION, UPCAST)
+        s = (interpreter_safe_dot(q, kv, PRECISION, UPCAST)
+             + interpreter_safe_dot(q_pe, k_pe.to(q.dtype), PRECISION, UPCAST))
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds at least one position
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), tl.trans(kv), PRECISION, UPCAST)
+        acc = acc * alpha[:, None] + interpreter_safe_dot(p.to(q.dtype), tl.trans(kv), PRECISION, UPCAST)
         m_i = m_new
     filled = l_i > 0
     out = acc / tl.where(filled, l_i, 1.0)[:, None]
@@ -213,7 +203,7 @@ def mla_decode_splits(q_latent: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
             kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
             L=lat, R=rope, BLOCK_L=block_l, BLOCK_R=block_r, BLOCK_SIZE=kv_cache.shape[1], BLOCK_H=BLOCK_H,
             BLOCK_N=bn, NUM_SPLITS=splits, PRECISION="ieee" if q_latent.dtype == torch.float32 else "tf32",
-            UPCAST=q_latent.dtype == torch.bfloat16 and _INTERPRETED, num_warps=warps, num_stages=2)
+            UPCAST=q_latent.dtype == torch.bfloat16 and INTERPRETED, num_warps=warps, num_stages=2)
         _merge_kernel[(rows, heads)](mid_o, mid_lse, out, out.stride(0), out.stride(1), heads,
                                      L=lat, BLOCK_L=block_l, NUM_SPLITS=splits, num_warps=4)
     return out
