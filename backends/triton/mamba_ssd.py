@@ -29,18 +29,14 @@ dtype. Offsets into the tokens and the cache are int64.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from customop.backends.triton._common import device_guard, next_pow2, softplus
+from customop.backends.triton._common import INTERPRETED, device_guard, next_pow2, softplus
 
 #: tokens per matmul block of steps 2 and 4
 BLOCK_L = 32
-#: the Triton mode is fixed for the process when a kernel is decorated (i.e. at this import)
-_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def dot_mode(dtype: torch.dtype) -> str:
@@ -48,7 +44,7 @@ def dot_mode(dtype: torch.dtype) -> str:
     cores) or ``mma_emulated`` (the same rounding, fp32 product: the interpreter)."""
     if dtype == torch.float32:
         return "ieee"
-    return "mma_emulated" if _INTERPRETED else "mma"
+    return "mma_emulated" if INTERPRETED else "mma"
 
 
 @triton.jit
