@@ -3,9 +3,14 @@
 - ``selective_state_update``: Mamba-2's decode step at batch 1 / 16 / 64 / 256, on Mamba-2-2.7B's
   SSM (80 heads x 64, state 128, 1 group) and a Nemotron-H-like one (128 heads x 64, 8 groups).
   The floor is the state read and written once per request (``bytes_moved``).
+  ``python -m customop.benchmarks.specs.mamba --sweep-decode`` (GPU) times the decode kernel's
+  candidate launch configs (``mamba_scan.decode_candidates``) and prints a table.
 - ``ssd_chunk_scan``: Mamba-2 prefill of 1k / 4k / 16k tokens in 1 and 8 requests (chunk 256),
   fresh states; timed against the chunked form in plain torch (the minimal SSD of equal-length
-  requests, eager and compiled).
+  requests, eager and compiled) and ``compile_chunks``: the same chunked math one chunk at a time,
+  ``torch.compile`` of one chunk's step (a small graph, compiled once per model and request count)
+  looped over the chunks in Python. Inductor of torch 2.11 fails on the whole chunked form
+  (``TypeError``); the per-chunk graph is the compiled baseline that stays within a compile budget.
 - ``causal_conv1d_fn`` / ``causal_conv1d_update``: the conv over Mamba-2-2.7B's ``xBC``
   (5376 channels, K = 4) in prefill and decode.
 - ``mixer2_gated_rms_norm``: tokens x 5120 (1 group) and x 8192 (8 groups).
@@ -141,6 +146,47 @@ def ssd_minimal(x, dt, A, B, C, D, dt_bias, requests: int, chunk: int = CHUNK):
     return y.reshape(requests, L, H, P)[:, :n].reshape(T, H, P).to(x.dtype)
 
 
+def _ssd_chunk_step(xc, dtc, Bc, Cc, A, h):
+    """One chunk of every request (``xc (r, l, H, P)``, ``dtc (r, l, H)`` softplus'd and zero on
+    padding, ``Bc, Cc (r, l, H, N)`` per head) from states ``h (r, H, P, N)``: the chunked SSD
+    form's intra-chunk terms plus the chunk's state, fp32. Returns (y (r, l, H, P), next h)."""
+    a = torch.cumsum(dtc * A, dim=1)  # (r, l, H)
+    l = a.shape[1]
+    causal = torch.ones(l, l, dtype=torch.bool, device=xc.device).tril()
+    seg = torch.where(causal[None, :, :, None], a[:, :, None, :] - a[:, None, :, :], -torch.inf)
+    scores = torch.einsum("rlhn,rshn->rlsh", Cc, Bc) * torch.exp(seg) * dtc[:, None, :, :]
+    y = torch.einsum("rlsh,rshp->rlhp", scores, xc) + torch.einsum("rlhn,rhpn->rlhp", Cc, h) * torch.exp(a)[..., None]
+    last = a[:, -1:]  # (r, 1, H)
+    h = h * torch.exp(last[:, 0])[..., None, None] + torch.einsum(
+        "rlhn,rlh,rlhp->rhpn", Bc, torch.exp(last - a) * dtc, xc)
+    return y, h
+
+
+def ssd_chunk_loop(x, dt, A, B, C, D, dt_bias, requests: int, chunk: int = CHUNK, step=_ssd_chunk_step):
+    """``ssd_minimal``'s math chunk by chunk: ``step`` (one chunk of every request, compiled by
+    the ``compile_chunks`` baseline) in a Python loop carrying the states, so the compiled graph
+    is one chunk's, whatever the length. y in x's dtype."""
+    T, H, P = x.shape
+    n = T // requests
+    L = -(-n // chunk) * chunk
+
+    def split(t):
+        t = t.float().view(requests, n, *t.shape[1:])
+        return F.pad(t, (0, 0) * (t.dim() - 2) + (0, L - n))
+
+    delta = F.softplus(dt.float() + dt_bias.float())
+    xs, dts = split(x), split(delta) * split(torch.ones(T, 1, device=x.device))
+    Bs = split(B).repeat_interleave(H // B.shape[1], dim=2)
+    Cs = split(C).repeat_interleave(H // C.shape[1], dim=2)
+    h = torch.zeros(requests, H, P, B.shape[2], device=x.device)
+    ys = []
+    for c in range(0, L, chunk):
+        y, h = step(xs[:, c:c + chunk], dts[:, c:c + chunk], Bs[:, c:c + chunk], Cs[:, c:c + chunk], A.float(), h)
+        ys.append(y)
+    y = torch.cat(ys, dim=1) + D.float()[:, None] * xs
+    return y[:, :n].reshape(T, H, P).to(x.dtype)
+
+
 def _prefill_bytes(shape: Shape, dtype: torch.dtype) -> int:
     e = shape.extra
     per_token = 2 * shape.hidden + e["heads"] + 2 * e["groups"] * e["state"]
@@ -162,7 +208,13 @@ def _prefill_impls():
     def compile_(i):
         return baseline(compiled(ssd_minimal))(i)
 
-    return {"customop": customop, "eager": baseline(ssd_minimal), "compile": compile_}
+    def compile_chunks(i):  # one chunk's graph compiled (seconds), looped over the chunks in Python
+        step = compiled(_ssd_chunk_step)
+        return lambda: ssd_chunk_loop(i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["dt_bias"],
+                                      i["slots"].shape[0], step=step)
+
+    return {"customop": customop, "eager": baseline(ssd_minimal), "compile": compile_,
+            "compile_chunks": compile_chunks}
 
 
 # ---- the conv and the norm --------------------------------------------------------------------------
@@ -246,6 +298,87 @@ def _norm_spec():
                    "compile": lambda i: (lambda f=compiled(spec.mixer2_gated_rms_norm), a=args(i, groups(i)): f(*a))})
 
 
+# ---- the decode launch sweep ------------------------------------------------------------------------
+
+
+def sweep_decode(batches=(1, 16, 64, 256), dtype: torch.dtype = torch.bfloat16, device: str = "cuda") -> None:
+    """Times every ``mamba_scan.decode_candidates()`` config of the decode kernel (the launcher
+    itself under ``override_decode_config``, the runner's CUDA-graph timer) on both models at each
+    batch, after checking its output and new state against the default config's on the same
+    inputs. Prints one row per (model, batch, config): us, the state's GB/s (read + written), that
+    as % of a same-size fp32 copy timed the same way and of a 1 GiB copy, the speedup over the
+    default, the check; then the best config per row. About a minute on an H200."""
+    from customop.backends.triton import mamba_scan
+    from customop.benchmarks.runner_timing import time_graph
+
+    dev = torch.device(device)
+    src = torch.empty(1 << 28, device=dev)
+    dst = torch.empty_like(src)
+    big_copy_gbps = 2 * src.numel() * 4 / (time_graph([lambda: dst.copy_(src)]) * 1e-6) / 1e9
+    del src, dst
+    print(f"copy 1 GiB: {big_copy_gbps:.0f} GB/s", flush=True)
+    print(f"{'model':12s} {'batch':>5s}  {'config':20s} {'us':>8s} {'GB/s':>6s} {'%copy':>6s} {'%1GiB':>6s} "
+          f"{'vs dflt':>7s}  check", flush=True)
+    best = []
+    for model in MODELS:
+        for b in batches:
+            shape = _shape(b, model)
+            i = _decode_inputs(shape, dtype, dev)
+            args = _decode_args(i)
+            numel = b * shape.extra["heads"] * shape.extra["head_dim"] * shape.extra["state"]
+            nbytes = 2 * numel * 4
+            csrc, cdst = torch.randn(numel, device=dev), torch.empty(numel, device=dev)
+            copy_gbps = nbytes / (time_graph([lambda: cdst.copy_(csrc)]) * 1e-6) / 1e9
+            del csrc, cdst
+            state0 = args[0].clone()
+
+            def once(cfg):
+                state = state0.clone()
+                with mamba_scan.override_decode_config(cfg):
+                    out = mamba_scan.selective_state_update(state, *args[1:])
+                return out.float(), state
+
+            ref_out, ref_state = once(mamba_scan.decode_config(shape.extra["head_dim"], shape.extra["state"]))
+            rows, base_us = [], None  # the first candidate is the default
+            for cfg in mamba_scan.decode_candidates():
+                try:
+                    out, state = once(cfg)
+                    err = max(float((out - ref_out).norm() / ref_out.norm()),
+                              float((state - ref_state).norm() / ref_state.norm()))
+                    check = "ok" if err < 5e-3 else f"WRONG {err:.1e}"
+                    with mamba_scan.override_decode_config(cfg):
+                        us = time_graph([lambda: mamba_scan.selective_state_update(*args)])
+                except Exception as e:  # a config that fails to compile or launch is reported, not fatal
+                    print(f"{model[0]:12s} {b:5d}  {cfg.label():20s} {type(e).__name__}: {str(e)[:80]}", flush=True)
+                    continue
+                base_us = base_us or us
+                gbps = nbytes / (us * 1e-6) / 1e9
+                print(f"{model[0]:12s} {b:5d}  {cfg.label():20s} {us:8.1f} {gbps:6.0f} {100 * gbps / copy_gbps:5.0f}% "
+                      f"{100 * gbps / big_copy_gbps:5.0f}% {base_us / us:6.2f}x  {check}", flush=True)
+                if check == "ok":
+                    rows.append((us, cfg, gbps))
+            if rows:
+                us, cfg, gbps = min(rows, key=lambda r: r[0])
+                best.append(f"{model[0]:12s} {b:5d}  best {cfg.label():20s} {us:8.1f} us  {100 * gbps / copy_gbps:5.0f}% "
+                            f"same-size copy  {100 * gbps / big_copy_gbps:5.0f}% 1 GiB copy  {cfg!r}")
+    print("\n".join(best), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="state-space benchmark helpers (the timing itself: customop bench)")
+    parser.add_argument("--sweep-decode", action="store_true", help="time the decode kernel's candidate configs")
+    parser.add_argument("--batches", default="1,16,64,256", help="decode batches of the sweep")
+    args = parser.parse_args(argv)
+    if args.sweep_decode:
+        from customop.backend_loader import load_backend
+
+        load_backend("cuda")
+        sweep_decode(tuple(int(b) for b in args.batches.split(",")))
+    return 0
+
+
 SPECS = [
     OpSpec("selective_state_update", "mamba", tuple(_shape(b, m, quick=b in (1, 256)) for m in MODELS
                                                    for b in (1, 16, 64, 256)),
@@ -256,3 +389,9 @@ SPECS = [
     *_conv_specs(),
     _norm_spec(),
 ]
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -153,6 +153,83 @@ def test_selective_scan_launchers_mamba1_form(poison_empty):
     assert states[0].isnan().all() and not got.isnan().any()
 
 
+_DC = mamba_scan.DecodeConfig
+DECODE_CONFIGS = [  # every knob of the decode launch, on and off
+    _DC(), _DC(4, 2, per_head=True, unmasked=True, offsets32=True, evict_first=True),
+    _DC(2, 1, 2, per_head=True, unmasked=True), _DC(8, 4, 4, offsets32=True), _DC(1, 1, evict_first=True),
+    _DC(4, 4, 2, unmasked=True)]
+
+
+@pytest.mark.parametrize("cfg", DECODE_CONFIGS, ids=lambda c: c.label().replace(" ", "-"))
+@pytest.mark.parametrize("P,N,softplus,bias,with_d", [(8, 16, True, True, True), (6, 12, False, False, False),
+                                                       (8, 16, False, True, False)],
+                         ids=["even", "masked-nobias", "even-nosoftplus"])
+def test_decode_configs_mamba2_form(cfg, P, N, softplus, bias, with_d, poison_empty):
+    """The decode kernel at each config (rows per program, warps, d_state tiles, per-head
+    scalars, unmasked tiles, 32-bit offsets, evict-first) against the spec in float64: 5 requests
+    (one padding, one on the NaN null slot) of 3 heads in 1 group, Mamba-2's head form (per-head
+    dt, A, D, dt_bias expanded with stride 0); head_dim 8 / d_state 16 (the unmasked path where
+    block_p divides 8) and 6 / 12 (masked)."""
+    gen = torch.Generator().manual_seed(P * N)
+    Bt, H, G = 5, 3, 1
+    x, dt = _rand(Bt, H, P, gen=gen), _rand(Bt, H, gen=gen)
+    B, C = _rand(Bt, G, N, gen=gen), _rand(Bt, G, N, gen=gen)
+    A, D, b = -(0.5 + torch.rand(H, generator=gen)), _rand(H, gen=gen), _rand(H, gen=gen)
+    dt4, A4, D4, b4 = spec.ssd_head_form(dt, A, D if with_d else None, b if bias else None, P, N)
+    states = _poisoned_slots(_rand(7, H, P, N, gen=gen), 0)
+    slots = torch.tensor([3, spec.PAD_SLOT_ID, 6, 0, 1])
+    want_states = states.double()
+    want = oracle(spec.selective_state_update, want_states, x, dt4, A4, B, C, D4, None, b4, slots, softplus)
+    meta = mamba_scan.decode_meta(cfg, P, N, per_head_layout=True, offsets_fit_32=True)
+    assert meta["EVEN"] == (cfg.unmasked and P == 8) and meta["PER_HEAD"] == cfg.per_head
+    assert meta["OFF64"] == (not cfg.offsets32) and meta["N_TILES"] * meta["BLOCK_N"] == 16
+    with mamba_scan.override_decode_config(cfg):
+        got = mamba_scan.selective_state_update(states, x, dt4, A4, B, C, D4, None, b4, slots, softplus, 0)
+    assert_close(got, want, torch.float32)
+    assert_close(states, want_states, torch.float32)
+    assert states[0].isnan().all() and not got.isnan().any()
+
+
+@pytest.mark.parametrize("cfg", [_DC(8, 2, 2, per_head=True, unmasked=True, offsets32=True),
+                                 _DC(4, 1, unmasked=True)], ids=lambda c: c.label().replace(" ", "-"))
+def test_decode_configs_mamba1_form(cfg, poison_empty):
+    """Per-channel A, dt, D (Mamba-1): ``per_head`` must not engage; the z gate; 40 channels
+    (unmasked where block_p divides 40); bf16 activations and an fp32 cache."""
+    gen = torch.Generator().manual_seed(1)
+    Bt, D_, N = 3, 40, 16
+    x, dt, z = (_rand(Bt, 1, D_, gen=gen).bfloat16() for _ in range(3))
+    A, D, bias = -(0.5 + torch.rand(1, D_, N, generator=gen)), _rand(1, D_, gen=gen), _rand(1, D_, gen=gen)
+    B, C = _rand(Bt, 1, N, gen=gen).bfloat16(), _rand(Bt, 1, N, gen=gen).bfloat16()
+    states = _poisoned_slots(_rand(4, 1, D_, N, gen=gen), 0)
+    slots = torch.tensor([2, 0, 3])
+    want_states = states.double()
+    want = oracle(spec.selective_state_update, want_states, x, dt, A, B, C, D, z, bias, slots, True)
+    assert not mamba_scan.decode_meta(cfg, D_, N, per_head_layout=False, offsets_fit_32=True)["PER_HEAD"]
+    with mamba_scan.override_decode_config(cfg):
+        got = mamba_scan.selective_state_update(states, x, dt, A, B, C, D, z, bias, slots, True, 0)
+    assert_close(got, want, torch.bfloat16)
+    assert_close(states, want_states, torch.float32)
+    assert states[0].isnan().all()
+
+
+def test_decode_config_default_and_override():
+    """The default is the launch the kernel had before the config (2K-value tiles, 4 warps); the
+    override nests and unwinds; 32-bit offsets only when they fit; bad values are refused."""
+    assert mamba_scan.decode_config(64, 128) == _DC(16, 4)
+    assert mamba_scan.decode_config(40, 16) == _DC(64, 4)
+    with mamba_scan.override_decode_config(_DC(2, 1)):
+        with mamba_scan.override_decode_config(_DC(4, 2)):
+            assert mamba_scan.decode_config(64, 128) == _DC(4, 2)
+        assert mamba_scan.decode_config(64, 128) == _DC(2, 1)
+    assert mamba_scan.decode_config(64, 128) == _DC(16, 4)
+    assert mamba_scan.decode_meta(_DC(offsets32=True), 64, 128, True, offsets_fit_32=False)["OFF64"]
+    assert mamba_scan.decode_meta(_DC(128, n_tiles=256), 64, 100, True, True) == dict(
+        BLOCK_P=64, BLOCK_N=1, N_TILES=128, PER_HEAD=False, EVEN=False, OFF64=True, EVICT="")
+    for bad in (dict(block_p=3), dict(n_tiles=0), dict(num_warps=3)):
+        with pytest.raises(ValueError):
+            _DC(**bad)
+
+
 @pytest.mark.parametrize("chunk", [2, 8])
 def test_ssd_chunk_scan_launcher_against_the_recurrence(chunk, poison_empty):
     """The chunked kernels against the spec's recurrence in float64: lengths 1, chunk - 1, chunk,
@@ -207,6 +284,31 @@ def test_opcheck_with_the_triton_kernel(name):
 # H200 (sm_90: no register spills) and MI300 (gfx942), in a subprocess with TRITON_INTERPRET=0.
 
 
+#: the strides the GPU JIT specialises to 1 (Triton makes integer arguments equal to 1 constants)
+#: in the decode kernel's Mamba-2 launch: contiguous x, B, C and state rows
+_DECODE_UNIT_STRIDES = ("sx_p", "sb_n", "sc_n", "ss_n", "sdt_h", "sa_h", "sd_h", "sbias_h")
+#: what the JIT also knows of that launch: 16-byte aligned pointers, strides that are multiples of 16
+_DECODE_ALIGNED = ("x_ptr", "dt_ptr", "a_ptr", "b_ptr", "c_ptr", "d_ptr", "z_ptr", "bias_ptr", "state_ptr", "out_ptr",
+                   "slot_ptr", "head_dim", "state_size", "heads_per_group", "sx_t", "sx_h", "sdt_t", "sdt_p", "sa_p",
+                   "sa_n", "sb_t", "sb_g", "sc_t", "sc_g", "sd_p", "sbias_p", "ss_s", "ss_h", "ss_p", "so_t", "so_h")
+
+
+def _decode_aot_configs():
+    """(label, DecodeConfig, N, mamba-2 layout): the default at Mamba-1's N = 16 (one head of 40
+    channels, z gate) and every sweep candidate at Mamba-2's 64 x 128."""
+    yield "mamba-1 N=16 default", mamba_scan.decode_config(40, 16), 16, False
+    for cfg in mamba_scan.decode_candidates():
+        yield f"mamba-2 N=128 {cfg.label()}", cfg, 128, True
+
+
+def _decode_constexprs(cfg, N, head_dim, per_head_layout, has_z):
+    const = dict(HAS_D=True, HAS_Z=has_z, HAS_BIAS=True, SOFTPLUS=True,
+                 **mamba_scan.decode_meta(cfg, head_dim, N, per_head_layout, offsets_fit_32=True))
+    if per_head_layout:
+        const.update(dict.fromkeys(_DECODE_UNIT_STRIDES, 1))
+    return const
+
+
 def _aot_cases(P="*bf16", S="*fp32"):
     """(label, kernel, {pointer arg: type}, constexprs, warps); other arguments are i32."""
     i32, i8, f32 = "*i32", "*i8", "*fp32"
@@ -222,12 +324,12 @@ def _aot_cases(P="*bf16", S="*fp32"):
     scan = {"x_ptr": P, "dt_ptr": P, "a_ptr": f32, "b_ptr": P, "c_ptr": P, "d_ptr": P, "z_ptr": P, "bias_ptr": P,
             "state_ptr": S, "out_ptr": P, "qsl_ptr": i32, "slot_ptr": i32, "init_ptr": i8}
     flags = dict(HAS_D=True, HAS_BIAS=True, SOFTPLUS=True)
-    for decode in (False, True):
-        form = "decode" if decode else "scan"
-        yield (f"{form} mamba-2 N=128", mamba_scan._scan_kernel, scan,
-               dict(flags, HAS_Z=False, BLOCK_P=16, BLOCK_N=128, DECODE=decode), 4)
-        yield (f"{form} mamba-1 N=16", mamba_scan._scan_kernel, scan,
-               dict(flags, HAS_Z=True, BLOCK_P=64, BLOCK_N=16, DECODE=decode), 4)
+    yield "scan mamba-2 N=128", mamba_scan._scan_kernel, scan, dict(flags, HAS_Z=False, BLOCK_P=16, BLOCK_N=128), 4
+    yield "scan mamba-1 N=16", mamba_scan._scan_kernel, scan, dict(flags, HAS_Z=True, BLOCK_P=64, BLOCK_N=16), 4
+    for label, cfg, N, mamba2 in _decode_aot_configs():
+        yield (f"decode {label}", mamba_scan._decode_kernel, scan,
+               _decode_constexprs(cfg, N, head_dim=64 if mamba2 else 40, per_head_layout=mamba2, has_z=not mamba2),
+               cfg.num_warps)
     ssd = {"x_ptr": P, "dt_ptr": P, "bias_ptr": P, "a_ptr": f32, "b_ptr": P, "c_ptr": P, "d_ptr": P, "out_ptr": P,
            "delta_ptr": f32, "acum_ptr": f32, "states_ptr": f32, "h_in_ptr": f32, "cache_ptr": S, "cstart_ptr": i32,
            "cend_ptr": i32, "first_ptr": i32, "count_ptr": i32, "slot_ptr": i32, "init_ptr": i8}
@@ -250,5 +352,32 @@ def test_kernels_compile_for_the_gpus(target):
     aot_subprocess.assert_compiles_for("tests.backends.triton.test_mamba_triton", target, len(list(_aot_cases())))
 
 
+def decode_registers(target: str = "cuda:90") -> str:
+    """A table of the decode candidates compiled as the GPU JIT sees Mamba-2-2.7B's launch
+    (unit strides constant, aligned pointers and strides): registers, spills, 16-byte accesses.
+    ``TRITON_INTERPRET=0 python -m tests.backends.triton.test_mamba_triton --decode-registers``."""
+    rows = ["config                     regs  spill  ld(v4)  st(v4)"]
+    for label, cfg, N, mamba2 in _decode_aot_configs():
+        if not mamba2:
+            continue
+        types = {"x_ptr": "*bf16", "dt_ptr": "*bf16", "a_ptr": "*fp32", "b_ptr": "*bf16", "c_ptr": "*bf16",
+                 "d_ptr": "*bf16", "z_ptr": "*bf16", "bias_ptr": "*bf16", "state_ptr": "*fp32", "out_ptr": "*bf16",
+                 "slot_ptr": "*i32"}
+        case = [(label, mamba_scan._decode_kernel, types,
+                 _decode_constexprs(cfg, N, head_dim=64, per_head_layout=True, has_z=False), cfg.num_warps)]
+        info = aot_subprocess.report(case, target, _DECODE_ALIGNED)[label]
+        if "error" in info:
+            rows.append(f"{cfg.label():26s} {info['error'][:100]}")
+            continue
+        rows.append(f"{cfg.label():26s} {info['regs']:4d}  {info['spill_bytes'] or 0:5d}  {info['ld']:3d}({info['ld_v4']:2d})"
+                    f"  {info['st']:3d}({info['st_v4']:2d})")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
-    aot_subprocess.main(_aot_cases())
+    import sys
+
+    if "--decode-registers" in sys.argv:
+        print(decode_registers())
+    else:
+        aot_subprocess.main(_aot_cases())
