@@ -7,39 +7,55 @@ customop/ops/_library/mla.py). Split-context ("flash-decoding") in two kernels:
 1. ``_split_kernel``, program ``(head block, split, row)``: ``BLOCK_H`` heads of one row share
    every cache tile they load (all heads attend over the same latent rows, which is what lets a
    decode step run at the cache's read bandwidth rather than once per head), and walk their
-   split of the row's context ``BLOCK_N`` positions at a time through the block table. Scores
-   ``q_latent . kv_c + q_pe . k_pe`` (two dots into one fp32 tile; ``scale * log2(e)`` folded in,
-   base-2 softmax), an online softmax in fp32, and ``P @ kv_c`` from the same tile transposed (the
-   latent is both key and value). Each program writes its normalised partial output and its
-   log-sum-exp (``-inf`` for an empty split). Head blocks are the grid's fastest axis so that
-   the programs reading one split's tiles run together and share them through L2.
+   split of the row's context ``BLOCK_N`` positions at a time. When ``BLOCK_N`` divides the cache
+   block size a tile never straddles a cache block: its block id is one scalar load and the
+   tile is ``BLOCK_N`` contiguous cache rows, loaded as ``[BLOCK_N, L]`` and ``[BLOCK_N, R]``
+   (no per-position gather); otherwise each position looks its block up. Scores
+   ``q_latent . kv_cᵀ + q_pe . k_peᵀ`` (``q`` is the dots' A operand: ``BLOCK_H`` rows, so 64
+   heads make the M=64 tiles of Hopper's wgmma), ``scale * log2(e)`` folded in, an online
+   base-2 softmax in fp32, and ``P @ kv_c`` into an fp32 ``[BLOCK_H, L]`` accumulator from the
+   same tile (the latent is both key and value; P rounded to q's dtype, as FlashAttention does).
+   The loop is software-pipelined (``tl.range(num_stages=...)``). Each program writes its
+   normalised partial output and its log-sum-exp (``-inf`` for an empty split). Head blocks are
+   the grid's fastest axis, so the programs reading one split's tiles run together and share
+   them through L2.
 2. ``_merge_kernel``, program ``(row, head)``: rescales the splits by their log-sum-exp and sums
    them. A row of length 0 has only empty splits and gets zeros.
 
-The number of splits is chosen on the host without reading ``seq_lens``: enough programs to fill
-the GPU twice over, at least ``MIN_SPLIT`` positions each, at most ``MAX_SPLITS``; the context
-bound is ``max_seq_len`` when the caller knows it, else the block table's width times the block
-size. Lengths are clamped into that width and block ids into the cache, so a malformed table
-gives wrong rows, never a wild access. 16-bit inputs feed the tensor cores (the probabilities are
-rounded to q's dtype before ``P @ kv_c``, as FlashAttention does); fp32 multiplies in full fp32.
+The tiles and the split policy come from one function, ``config`` (a ``Config``: heads and
+positions per tile, warps, pipeline stages, and ``wave``: how many programs per compute unit the
+splits aim for); ``override(Config(...))`` replaces it for a sweep
+(``python -m customop.benchmarks.specs.mla --sweep``). Nothing is autotuned on the request path.
+The number of splits is chosen on the host without reading ``seq_lens``: about ``wave`` programs
+per compute unit, at least ``MIN_SPLIT`` positions each, at most ``MAX_SPLITS``; the context bound
+is ``max_seq_len`` when the caller knows it, else the block table's width times the block size.
+It is a runtime argument of both kernels (one compiled kernel per tile config, whatever the
+batch). Lengths are clamped into that width and block ids into the cache, so a malformed table
+gives wrong rows, never a wild access. 16-bit inputs feed the tensor cores; fp32 multiplies in
+full fp32 (IEEE, small tiles: the fp32 path is for correctness, not speed).
 
-So far this has run only under the Triton interpreter (tests/backends/triton/test_mla_triton.py);
-the tile sizes are a first guess, not tuned on a GPU (tests/gpu/test_mla_cuda.py, benchmarks/specs/mla.py).
+The 16-bit CUDA tiles (64 heads, 32 positions, 8 warps, 2 stages on sm_90/sm_100) are chosen for
+Hopper's tensor cores (the three dots compile to wgmma) and shared memory; compiled for sm_90
+ahead of time they use 221 registers and 144 KB of shared memory, no spills
+(tests/backends/triton/test_mla_triton.py). They have not yet been run or timed on a GPU
+(tests/gpu/test_mla_cuda.py, benchmarks/specs/mla.py and its ``--sweep``); other GPUs keep small
+first-guess tiles, also never timed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+from collections.abc import Iterator
 
 import torch
 import triton
 import triton.language as tl
 
-from customop.backends.triton._common import INTERPRETED, device_guard, interpreter_safe_dot, next_pow2
+from customop.backends.triton._common import INTERPRETED, device_guard, next_pow2
 
 _LOG2E = 1.4426950408889634
-#: heads per program (tl.dot needs at least 16 rows; fewer heads are masked)
-BLOCK_H = 16
 #: the fewest context positions a split gets, and the most splits
 MIN_SPLIT = 256
 MAX_SPLITS = 64
@@ -47,17 +63,29 @@ _OP = "customop::mla_decode"
 
 
 @triton.jit
-def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, qk_scale, num_blocks, table_width, heads,
+def _mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + a @ b`` (fp32 ``acc``); ``UPCAST`` (bf16 under the interpreter, which multiplies
+    bf16 tiles as their uint16 bits in triton 3.7.1): through fp32, exact for bf16 products."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+# the split count and the cache/table sizes vary per call: no recompile when they do
+@triton.jit(do_not_specialize=["num_blocks", "table_width", "num_splits"])
+def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, qk_scale, num_blocks, table_width, heads, num_splits,
                   stride_qb, stride_qh, stride_pb, stride_ph, stride_cb, stride_cs, stride_tb,
                   L: tl.constexpr, R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                  NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                  BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     head_block = tl.program_id(0)
     split = tl.program_id(1)
     row = tl.program_id(2)
     seq_len = tl.minimum(tl.maximum(tl.load(SL + row).to(tl.int32), 0), table_width * BLOCK_SIZE)
-    # each split a multiple of BLOCK_N positions; trailing splits may be empty
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    # each split a multiple of BLOCK_N positions (so, when BLOCK_N divides BLOCK_SIZE, no tile
+    # straddles a cache block); trailing splits may be empty
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
@@ -76,47 +104,60 @@ def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, qk_scale, num_blocks, table
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
     table = BT + row.to(tl.int64) * stride_tb
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        ok = pos < end
-        block = tl.load(table + pos // BLOCK_SIZE, mask=ok, other=0)
-        block = tl.minimum(tl.maximum(block, 0), num_blocks - 1).to(tl.int64)
-        base = C + block * stride_cb + (pos % BLOCK_SIZE).to(tl.int64) * stride_cs
-        kv = tl.load(base[None, :] + lanes[:, None], mask=l_ok[:, None] & ok[None, :], other=0.0)  # [BLOCK_L, BLOCK_N]
-        k_pe = tl.load(base[None, :] + L + pe[:, None], mask=pe_ok[:, None] & ok[None, :], other=0.0)
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in tl.range(start, end, BLOCK_N, num_stages=STAGES):
+        ok = n0 + offs_n < end
+        if BLOCK_SIZE % BLOCK_N == 0:  # the tile is BLOCK_N contiguous rows of one cache block
+            block = tl.load(table + n0 // BLOCK_SIZE)
+            block = tl.minimum(tl.maximum(block, 0), num_blocks - 1).to(tl.int64)
+            first = C + block * stride_cb + (n0 % BLOCK_SIZE) * stride_cs
+            rows = first + offs_n * stride_cs  # [BLOCK_N] row pointers, int32 offsets
+        else:  # a block lookup per position
+            pos = n0 + offs_n
+            block = tl.load(table + pos // BLOCK_SIZE, mask=ok, other=0)
+            block = tl.minimum(tl.maximum(block, 0), num_blocks - 1).to(tl.int64)
+            rows = C + block * stride_cb + (pos % BLOCK_SIZE).to(tl.int64) * stride_cs
+        if BLOCK_L == L:
+            kv = tl.load(rows[:, None] + lanes[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_N, BLOCK_L]
+        else:
+            kv = tl.load(rows[:, None] + lanes[None, :], mask=ok[:, None] & l_ok[None, :], other=0.0)
+        if BLOCK_R == R:
+            k_pe = tl.load(rows[:, None] + L + pe[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_N, BLOCK_R]
+        else:
+            k_pe = tl.load(rows[:, None] + L + pe[None, :], mask=ok[:, None] & pe_ok[None, :], other=0.0)
         kv = kv.to(q.dtype)
-        s = (interpreter_safe_dot(q, kv, PRECISION, UPCAST)
-             + interpreter_safe_dot(q_pe, k_pe.to(q.dtype), PRECISION, UPCAST))
+        s = _mma(q, tl.trans(kv), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), PRECISION, UPCAST)
+        s = _mma(q_pe, tl.trans(k_pe.to(q.dtype)), s, PRECISION, UPCAST)
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds at least one position
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + interpreter_safe_dot(p.to(q.dtype), tl.trans(kv), PRECISION, UPCAST)
+        acc = _mma(p.to(q.dtype), kv, acc * alpha[:, None], PRECISION, UPCAST)
         m_i = m_new
     filled = l_i > 0
     out = acc / tl.where(filled, l_i, 1.0)[:, None]
     lse = tl.where(filled, m_i + tl.log2(tl.where(filled, l_i, 1.0)), float("-inf"))
-    slot = (row.to(tl.int64) * heads + hs) * NUM_SPLITS + split  # MID_* are [B, N, NUM_SPLITS(, L)]
+    slot = (row.to(tl.int64) * heads + hs) * num_splits + split  # MID_* are [B, N, splits(, BLOCK_L)]
     tl.store(MID_O + slot[:, None] * BLOCK_L + lanes[None, :], out, mask=h_ok[:, None] & l_ok[None, :])
     tl.store(MID_LSE + slot, lse, mask=h_ok)
 
 
-@triton.jit
-def _merge_kernel(MID_O, MID_LSE, O, stride_ob, stride_oh, heads,
-                  L: tl.constexpr, BLOCK_L: tl.constexpr, NUM_SPLITS: tl.constexpr):
+@triton.jit(do_not_specialize=["num_splits"])
+def _merge_kernel(MID_O, MID_LSE, O, stride_ob, stride_oh, heads, num_splits,
+                  L: tl.constexpr, BLOCK_L: tl.constexpr):
     row = tl.program_id(0)
     head = tl.program_id(1)
-    first = (row.to(tl.int64) * heads + head) * NUM_SPLITS
+    first = (row.to(tl.int64) * heads + head) * num_splits
     lanes = tl.arange(0, BLOCK_L)
     l_ok = lanes < L
     m = tl.load(MID_LSE + first)
-    for s in range(1, NUM_SPLITS):
+    for s in range(1, num_splits):
         m = tl.maximum(m, tl.load(MID_LSE + first + s))
     m = tl.where(m == float("-inf"), 0.0, m)  # all splits empty: every weight below is 0
     total = tl.zeros([], tl.float32)
     acc = tl.zeros([BLOCK_L], tl.float32)
-    for s in range(NUM_SPLITS):
+    for s in range(num_splits):
         w = tl.exp2(tl.load(MID_LSE + first + s) - m)
         acc += w * tl.load(MID_O + (first + s) * BLOCK_L + lanes, mask=l_ok, other=0.0)
         total += w
@@ -124,13 +165,73 @@ def _merge_kernel(MID_O, MID_LSE, O, stride_ob, stride_oh, heads,
     tl.store(O + row.to(tl.int64) * stride_ob + head * stride_oh + lanes, out.to(O.dtype.element_ty), mask=l_ok)
 
 
-def _config(dtype: torch.dtype, device_type: str) -> tuple[int, int]:
-    """(BLOCK_N, warps): 32 positions and 8 warps for 16-bit (a [16, 512] fp32 accumulator plus a
-    [512, 32] cache tile), 16 positions for fp32. A first guess; ROCm: half the warps (64 lanes)."""
-    block_n, warps = (16, 8) if dtype == torch.float32 else (32, 8)
-    if device_type == "cuda" and torch.version.hip is not None:
-        warps //= 2
-    return block_n, warps
+# ---- the tile and split choice ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One launch configuration of ``_split_kernel``: ``block_h`` heads and ``block_n`` positions
+    per tile, ``warps``, ``stages`` (software pipeline depth of the cache loads), and ``wave``:
+    the splits aim for about ``wave`` programs per compute unit over the grid."""
+
+    block_h: int
+    block_n: int
+    warps: int
+    stages: int
+    wave: float = 1.0
+
+    def __str__(self) -> str:
+        return f"h{self.block_h} n{self.block_n} w{self.warps} s{self.stages} x{self.wave:g}"
+
+
+_OVERRIDE: list[Config] = []
+
+
+@contextlib.contextmanager
+def override(cfg: Config) -> Iterator[Config]:
+    """Every launch inside the block uses ``cfg`` as given (sweeps and tests)."""
+    _OVERRIDE.append(cfg)
+    try:
+        yield cfg
+    finally:
+        _OVERRIDE.pop()
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def tiles(dtype: torch.dtype, heads: int, block_size: int, hopper: bool, hip: bool = False) -> Config:
+    """The default configuration (``config`` without an override; ``hopper``: NVIDIA sm_90/sm_100).
+
+    - 16-bit on Hopper: 64 heads per program (``q`` [64, 576] is the dots' A operand: wgmma's
+      M=64; an fp32 [64, 512] accumulator over 8 warps is 128 registers a thread), 32 positions a
+      tile (16 when the cache block size is a multiple of 16 but not of 32, so tiles stay inside
+      a block), 2 stages (``q`` and two [32, 576] cache tiles in shared memory: 144 KB of the
+      227 KB), about one program per SM over the grid (the tiles fill the shared memory);
+    - fewer heads: the next power of two (at least 16, tl.dot's minimum), 4 warps below 64;
+    - fp32: 16 heads x 16 positions, 2 stages (IEEE fp32 multiplies, no tensor cores; one stage
+      spills on sm_90), 2 programs per unit;
+    - other GPUs (older NVIDIA, ROCm: half the warps for 64-lane wavefronts, XPU): 16 heads x 32
+      positions, one stage, 2 programs per unit (first guesses, never timed)."""
+    block_n = 16 if block_size % 32 and not block_size % 16 else 32
+    if dtype == torch.float32:
+        return Config(16, 16, 4 if hip else 8, 2, 2.0)
+    if hopper:
+        fit = max(16, min(64, next_pow2(heads)))
+        return Config(fit, block_n, 8 if fit >= 64 else 4, 2, 1.0)
+    return Config(16, block_n, 4 if hip else 8, 1, 2.0)
+
+
+def config(dtype: torch.dtype, heads: int, block_size: int, device: torch.device) -> Config:
+    """The launch configuration: ``override``'s when one is active, else ``tiles``' for the
+    device (the interpreter, device ``cpu``, takes the Hopper tiles so that tests run them)."""
+    if _OVERRIDE:
+        return _OVERRIDE[-1]
+    hip = device.type == "cuda" and torch.version.hip is not None
+    hopper = device.type == "cpu" or (device.type == "cuda" and not hip and _capability(device.index or 0)[0] in (9, 10))
+    return tiles(dtype, heads, block_size, hopper, hip)
 
 
 @functools.cache
@@ -143,14 +244,15 @@ def _units(device_type: str, index: int) -> int:
     return 64
 
 
-def num_splits(rows: int, heads: int, max_context: int, device: torch.device) -> int:
-    """Context splits per row: about two programs per compute unit over the whole grid, each split
-    at least ``MIN_SPLIT`` positions, at most ``MAX_SPLITS``."""
+def num_splits(rows: int, heads: int, max_context: int, device: torch.device, cfg: Config) -> int:
+    """Context splits per row: about ``cfg.wave`` programs per compute unit over the whole grid
+    (rounded: 128 programs on 132 SMs stay one split), each split at least ``MIN_SPLIT``
+    positions, at most ``MAX_SPLITS``."""
     if max_context <= 0:
         return 1
     index = device.index if device.index is not None else 0
-    programs = rows * triton.cdiv(heads, BLOCK_H)
-    want = triton.cdiv(2 * _units(device.type, index), max(programs, 1))
+    programs = max(1, rows * triton.cdiv(heads, cfg.block_h))
+    want = int(cfg.wave * _units(device.type, index) / programs + 0.5)
     return max(1, min(want, triton.cdiv(max_context, MIN_SPLIT), MAX_SPLITS))
 
 
@@ -181,8 +283,9 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 
 def mla_decode_splits(q_latent: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                      seq_lens: torch.Tensor, scale: float, splits: int, block_n: int | None = None) -> torch.Tensor:
-    """The two kernels with a given number of context splits (tests and sweeps pick it)."""
+                      seq_lens: torch.Tensor, scale: float, splits: int, cfg: Config | None = None) -> torch.Tensor:
+    """The two kernels with a given number of context splits and configuration (default:
+    ``config``'s; tests and sweeps pick them)."""
     rows, heads, lat = q_latent.shape
     rope = q_pe.shape[-1]
     out = torch.empty((rows, heads, lat), dtype=q_latent.dtype, device=q_latent.device)
@@ -191,21 +294,20 @@ def mla_decode_splits(q_latent: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
     q_latent, q_pe, block_table = _unit_last(q_latent), _unit_last(q_pe), _unit_last(block_table)
     if kv_cache.stride(-1) != 1 or kv_cache.shape[0] == 0:
         raise ValueError(f"{_OP}: kv_cache must have unit last stride and at least one block")
-    bn, warps = _config(q_latent.dtype, q_latent.device.type)
-    bn = block_n or bn
+    cfg = cfg or config(q_latent.dtype, heads, kv_cache.shape[1], q_latent.device)
     block_l, block_r = max(16, next_pow2(lat)), max(16, next_pow2(rope))
     mid_o = torch.empty((rows, heads, splits, block_l), dtype=torch.float32, device=out.device)
     mid_lse = torch.empty((rows, heads, splits), dtype=torch.float32, device=out.device)
     with device_guard(out.device):
-        _split_kernel[(triton.cdiv(heads, BLOCK_H), splits, rows)](
+        _split_kernel[(triton.cdiv(heads, cfg.block_h), splits, rows)](
             q_latent, q_pe, kv_cache, block_table, seq_lens, mid_o, mid_lse, scale * _LOG2E, kv_cache.shape[0],
-            block_table.shape[1], heads, q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
-            kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-            L=lat, R=rope, BLOCK_L=block_l, BLOCK_R=block_r, BLOCK_SIZE=kv_cache.shape[1], BLOCK_H=BLOCK_H,
-            BLOCK_N=bn, NUM_SPLITS=splits, PRECISION="ieee" if q_latent.dtype == torch.float32 else "tf32",
-            UPCAST=q_latent.dtype == torch.bfloat16 and INTERPRETED, num_warps=warps, num_stages=2)
-        _merge_kernel[(rows, heads)](mid_o, mid_lse, out, out.stride(0), out.stride(1), heads,
-                                     L=lat, BLOCK_L=block_l, NUM_SPLITS=splits, num_warps=4)
+            block_table.shape[1], heads, splits, q_latent.stride(0), q_latent.stride(1), q_pe.stride(0),
+            q_pe.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+            L=lat, R=rope, BLOCK_L=block_l, BLOCK_R=block_r, BLOCK_SIZE=kv_cache.shape[1], BLOCK_H=cfg.block_h,
+            BLOCK_N=cfg.block_n, STAGES=cfg.stages, PRECISION="ieee" if q_latent.dtype == torch.float32 else "tf32",
+            UPCAST=q_latent.dtype == torch.bfloat16 and INTERPRETED, num_warps=cfg.warps)
+        _merge_kernel[(rows, heads)](mid_o, mid_lse, out, out.stride(0), out.stride(1), heads, splits,
+                                     L=lat, BLOCK_L=block_l, num_warps=4)
     return out
 
 
@@ -217,8 +319,9 @@ def mla_decode(q_latent: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tenso
     context = min(max_seq_len, bound) if max_seq_len > 0 else bound
     if context <= 0 or kv_cache.shape[0] == 0:
         return q_latent.new_zeros(q_latent.shape)  # nothing can be attended: every row's output is 0
-    splits = num_splits(q_latent.shape[0], q_latent.shape[1], context, q_latent.device)
-    return mla_decode_splits(q_latent, q_pe, kv_cache, block_table, seq_lens, scale, splits)
+    cfg = config(q_latent.dtype, q_latent.shape[1], kv_cache.shape[1], q_latent.device)
+    splits = num_splits(q_latent.shape[0], q_latent.shape[1], context, q_latent.device, cfg)
+    return mla_decode_splits(q_latent, q_pe, kv_cache, block_table, seq_lens, scale, splits, cfg)
 
 
 KERNELS = {_OP: mla_decode}

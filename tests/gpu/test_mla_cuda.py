@@ -2,7 +2,8 @@
 heads, kv_lora_rank 512, rope 64, blocks of 64) at batch 1, 16 and 64 and contexts 4096 and 32768
 with a shuffled block table and uneven lengths, against a float64 reference computed on the device
 row by row; fp16/fp32 at one shape; an empty row; CUDA-graph capture and replay with new lengths;
-the layer's ``forward_cuda`` == ``forward_native`` on the small table. Written without a GPU at
+the sweep's tile configs (``mla.override``) on cache blocks of 64, 16 and 48 and head counts that
+are not multiples of the tile; the layer's ``forward_cuda`` == ``forward_native`` on the small table. Written without a GPU at
 hand: the lead runs it on the H200."""
 
 from __future__ import annotations
@@ -34,16 +35,16 @@ def mla():
     return module
 
 
-def make(batch: int, context: int, dtype: torch.dtype, seed: int = 0):
+def make(batch: int, context: int, dtype: torch.dtype, seed: int = 0, heads: int = N, block: int = BLOCK):
     """Lengths from context // 2 to context (the first row exactly context), blocks shuffled."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    width = context // BLOCK
-    cache = torch.randn(batch * width + 7, BLOCK, L + R, device="cuda", generator=gen).to(dtype)
+    width = -(-context // block)
+    cache = torch.randn(batch * width + 7, block, L + R, device="cuda", generator=gen).to(dtype)
     table = torch.randperm(cache.shape[0], device="cuda", generator=gen)[:batch * width].view(batch, width).int()
     lens = torch.randint(context // 2, context + 1, (batch,), device="cuda", generator=gen).int()
     lens[0] = context
-    q_latent = torch.randn(batch, N, L, device="cuda", generator=gen).to(dtype)
-    q_pe = torch.randn(batch, N, R, device="cuda", generator=gen).to(dtype)
+    q_latent = torch.randn(batch, heads, L, device="cuda", generator=gen).to(dtype)
+    q_pe = torch.randn(batch, heads, R, device="cuda", generator=gen).to(dtype)
     return q_latent, q_pe, cache, table, lens
 
 
@@ -92,6 +93,30 @@ def test_cuda_graph_replay(mla):
         graph.replay()
         check(out, q_latent, q_pe, cache, table, lens, f"replay {step}")
         assert torch.equal(out, torch.ops.customop.mla_decode(q_latent, q_pe, cache, table, lens, 0, SCALE))
+
+
+def test_sweep_configs(mla, poison_empty):
+    """The sweep's candidates are correct (its timings are only worth reading if so)."""
+    from customop.benchmarks.specs.mla import candidates
+
+    inputs = make(4, 1000, torch.bfloat16, seed=3)
+    for cfg in candidates():
+        with mla.override(cfg):
+            got = torch.ops.customop.mla_decode(*inputs, 1000, SCALE)
+        check(got, *inputs, str(cfg))
+
+
+@pytest.mark.parametrize("block", [16, 48, 64])
+@pytest.mark.parametrize("heads", [16, 40, 128])
+def test_block_sizes_and_head_counts(mla, block, heads, poison_empty):
+    """Default tiles (16 positions inside blocks of 16 and 48) and a per-position lookup (tiles of
+    32 over blocks of 48); 16 heads (TP8), 40 (not a multiple of the tile), 128."""
+    inputs = make(3, 777, torch.bfloat16, seed=4, heads=heads, block=block)
+    check(torch.ops.customop.mla_decode(*inputs, 0, SCALE), *inputs, f"{heads} heads, blocks of {block}")
+    if block == 48:
+        with mla.override(mla.Config(64, 32, 8, 2)):
+            got = torch.ops.customop.mla_decode(*inputs, 0, SCALE)
+        check(got, *inputs, f"{heads} heads, tiles of 32 over blocks of 48")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)

@@ -2,7 +2,9 @@
 the split kernels against a float64 reference of ``customop::mla_decode`` (the op's own reference
 on float64 copies) on tiny shapes (L=32, R=16, 4 heads, blocks of 16), contexts 1, 15, 16, 17 and
 70 in 1, 2, 3 and 5 splits with a padded, shuffled block table and an empty row, every dtype,
-poisoned outputs; bad inputs; opcheck; then the layer end to end through ``forward_kernel`` with the
+poisoned outputs; every tile path under ``kernel.override`` (several head blocks, heads not a
+multiple of the block, tiles inside a cache block and across blocks, L and R not powers of two);
+bad inputs; opcheck; then the layer end to end through ``forward_kernel`` with the
 launcher as the CPU kernel of ``customop::mla_decode``, against the float64 layer reference
 (``tests/cases/mla.py``), and decode == prefill through the kernel."""
 
@@ -35,24 +37,25 @@ def close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: s
     assert err <= NORMWISE[dtype], f"{what}: normwise relative error {err:.2e} > {NORMWISE[dtype]:.2e}"
 
 
-def inputs(dtype: torch.dtype, contexts=CONTEXTS, seed: int = 0):
+def inputs(dtype: torch.dtype, contexts=CONTEXTS, seed: int = 0, heads: int = HEADS, block: int = BLOCK,
+           lat: int = L, rope: int = R):
     """Rows with the given contexts; blocks shuffled over a cache with spare blocks, the table
     padded to the widest row with -1 (never read) and NaN in the unused cache rows (never read)."""
     gen = torch.Generator().manual_seed(seed)
-    width = max(-(-c // BLOCK) for c in contexts) + 1
-    used = sum(-(-c // BLOCK) for c in contexts)
+    width = max(-(-c // block) for c in contexts) + 1
+    used = sum(-(-c // block) for c in contexts)
     order = torch.randperm(used + 3, generator=gen)
-    cache = torch.full((used + 3, BLOCK, L + R), float("nan"), dtype=dtype)
+    cache = torch.full((used + 3, block, lat + rope), float("nan"), dtype=dtype)
     table = torch.full((len(contexts), width), -1, dtype=torch.int32)
     taken = 0
     for b, c in enumerate(contexts):
-        n = -(-c // BLOCK)
+        n = -(-c // block)
         table[b, :n] = order[taken:taken + n].int()
         taken += n
         pos = torch.arange(c)
-        cache[table[b, pos // BLOCK].long(), pos % BLOCK] = randn(c, L + R, dtype=dtype, generator=gen)
-    q_latent = randn(len(contexts), HEADS, L, dtype=dtype, generator=gen)
-    q_pe = randn(len(contexts), HEADS, R, dtype=dtype, generator=gen)
+        cache[table[b, pos // block].long(), pos % block] = randn(c, lat + rope, dtype=dtype, generator=gen)
+    q_latent = randn(len(contexts), heads, lat, dtype=dtype, generator=gen)
+    q_pe = randn(len(contexts), heads, rope, dtype=dtype, generator=gen)
     lens = torch.tensor(contexts, dtype=torch.int32)
     return q_latent, q_pe, cache, table, lens
 
@@ -67,10 +70,51 @@ def test_splits_match_float64_reference(dtype, poison_empty):
     scale = (L + R) ** -0.5
     expected = reference(q_latent, q_pe, cache, table, lens, scale)
     for splits in (1, 2, 3, 5):
-        got = kernel.mla_decode_splits(q_latent, q_pe, cache, table, lens, scale, splits, block_n=16)
+        got = kernel.mla_decode_splits(q_latent, q_pe, cache, table, lens, scale, splits)
         assert got.dtype == dtype and got.shape == q_latent.shape
         assert torch.equal(got[-1], torch.zeros_like(got[-1])), "an empty context gives zeros"
         close(got, expected, dtype, f"{splits} splits")
+
+
+#: (config, heads, cache block size, L, R): several head blocks with a partial last one (20 heads
+#: in blocks of 16), one block of 32 for 20 heads, tiles of 16 rows inside blocks of 48 (the
+#: contiguous path at offsets 0, 16, 32), tiles of 32 over blocks of 16 and 48 (the per-position
+#: lookup), 4 warps and 1 stage, L and R that are not powers of two (masked lanes)
+CONFIGS = [
+    (kernel.Config(16, 16, 4, 2), 20, 16, L, R),
+    (kernel.Config(32, 16, 8, 3, 0.5), 20, 48, L, R),
+    (kernel.Config(16, 32, 4, 1), 20, 16, L, R),
+    (kernel.Config(16, 32, 8, 2), 4, 48, 40, 8),
+    (kernel.Config(16, 16, 4, 2), 4, 48, 40, 8),
+]
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("case", CONFIGS, ids=lambda c: f"{c[0]}-H{c[1]}-bs{c[2]}-L{c[3]}R{c[4]}")
+def test_configs_match_float64_reference(case, dtype, poison_empty):
+    """Every tile path under ``override``, through the launcher and with 3 splits; contexts
+    that are not multiples of the tile or the block, and an empty row."""
+    cfg, heads, block, lat, rope = case
+    q_latent, q_pe, cache, table, lens = inputs(dtype, (70, 0, 17, 33), seed=3, heads=heads, block=block,
+                                                lat=lat, rope=rope)
+    scale = (lat + rope) ** -0.5
+    expected = reference(q_latent, q_pe, cache, table, lens, scale)
+    with kernel.override(cfg):
+        assert kernel.config(dtype, heads, block, torch.device("cpu")) is cfg
+        got = kernel.mla_decode(q_latent, q_pe, cache, table, lens, 70, scale)
+    assert kernel.config(dtype, heads, block, torch.device("cpu")) == kernel.tiles(dtype, heads, block, True), "restored"
+    assert torch.equal(got[1], torch.zeros_like(got[1])), "an empty context gives zeros"
+    close(got, expected, dtype, f"{cfg} launcher")
+    close(kernel.mla_decode_splits(q_latent, q_pe, cache, table, lens, scale, 3, cfg), expected, dtype, f"{cfg} 3 splits")
+
+
+def test_default_tiles():
+    """The Hopper tiles for DeepSeek-V3 (128 heads, blocks of 64) and what changes them."""
+    assert kernel.tiles(torch.bfloat16, 128, 64, hopper=True) == kernel.Config(64, 32, 8, 2, 1.0)
+    assert kernel.tiles(torch.bfloat16, 16, 64, hopper=True) == kernel.Config(16, 32, 4, 2, 1.0)  # TP8: 16 heads
+    assert kernel.tiles(torch.bfloat16, 128, 16, hopper=True).block_n == 16  # stays inside a block
+    assert kernel.tiles(torch.float32, 128, 64, hopper=True).block_h == 16
+    assert kernel.tiles(torch.bfloat16, 128, 64, hopper=False, hip=True).warps == 4
 
 
 def test_launcher_and_strided_inputs(poison_empty):
@@ -86,11 +130,13 @@ def test_launcher_and_strided_inputs(poison_empty):
 
 
 def test_num_splits():
-    cpu = torch.device("cpu")
-    assert kernel.num_splits(64, 128, 4096, cpu) == 1
-    assert kernel.num_splits(1, 128, 32768, cpu) > 1
-    assert kernel.num_splits(1, 128, 100, cpu) == 1  # short contexts are not split
-    assert kernel.num_splits(1, 1, 10 ** 7, cpu) == kernel.MAX_SPLITS
+    cpu = torch.device("cpu")  # 64 compute units
+    cfg = kernel.tiles(torch.bfloat16, 128, 64, hopper=True)
+    assert kernel.num_splits(64, 128, 4096, cpu, cfg) == 1
+    assert kernel.num_splits(1, 128, 32768, cpu, cfg) == 32  # 2 head blocks x 32 splits: one per unit
+    assert kernel.num_splits(1, 128, 100, cpu, cfg) == 1  # short contexts are not split
+    assert kernel.num_splits(1, 1, 10 ** 7, cpu, cfg) == kernel.MAX_SPLITS
+    assert kernel.num_splits(1, 128, 32768, cpu, kernel.Config(64, 32, 8, 2, 2.0)) == 64
 
 
 def test_bad_inputs():
@@ -173,16 +219,19 @@ _ALIGNED = ("Q", "QPE", "C", "BT", "SL", "MID_O", "MID_LSE", "O", "stride_qb", "
 
 
 def _aot_cases():
-    """(label, kernel, {pointer arg: type}, constexprs, warps); other arguments are i32."""
-    for dtype, ptr in ((torch.bfloat16, "*bf16"), (torch.float32, "*fp32")):
-        block_n, warps = kernel._config(dtype, "cuda")
+    """(label, kernel, {pointer arg: type}, constexprs, warps); other arguments are i32. The
+    default tiles for 128 heads: Hopper's bf16 and fp32, and the other GPUs' bf16."""
+    for label, dtype, ptr, hopper in (("hopper bf16", torch.bfloat16, "*bf16", True),
+                                      ("fp32", torch.float32, "*fp32", True),
+                                      ("other bf16", torch.bfloat16, "*bf16", False)):
+        cfg = kernel.tiles(dtype, 128, 64, hopper)
         types = {"Q": ptr, "QPE": ptr, "C": ptr, "BT": "*i32", "SL": "*i32", "MID_O": "*fp32", "MID_LSE": "*fp32",
                  "qk_scale": "fp32"}
-        yield (f"split {ptr[1:]}", kernel._split_kernel, types,
-               dict(L=512, R=64, BLOCK_L=512, BLOCK_R=64, BLOCK_SIZE=64, BLOCK_H=kernel.BLOCK_H, BLOCK_N=block_n,
-                    NUM_SPLITS=8, PRECISION="ieee" if dtype == torch.float32 else "tf32", UPCAST=False), warps)
+        yield (f"split {label} {cfg}", kernel._split_kernel, types,
+               dict(L=512, R=64, BLOCK_L=512, BLOCK_R=64, BLOCK_SIZE=64, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+                    STAGES=cfg.stages, PRECISION="ieee" if dtype == torch.float32 else "tf32", UPCAST=False), cfg.warps)
     yield ("merge", kernel._merge_kernel, {"MID_O": "*fp32", "MID_LSE": "*fp32", "O": "*bf16"},
-           dict(L=512, BLOCK_L=512, NUM_SPLITS=8), 4)
+           dict(L=512, BLOCK_L=512), 4)
 
 
 @pytest.mark.slow
