@@ -9,10 +9,9 @@ first row with ``max_tokens >= T`` (the last row beyond). ``MoEConfig`` holds th
 route: the Triton grouped GEMM or the ``torch._grouped_mm`` pipeline (``path``).
 
 ``TABLE`` is filled from measurements: ``python -m customop.benchmarks.specs.moe --tune`` on the
-GPU times candidate configurations for the benchmark shapes and prints rows to paste here. No
-row has been measured yet (this machine has no GPU), so every shape runs ``default_config``:
-block sizes from the tokens each expert receives, Triton everywhere; the lead's H200 run of the
-benchmark spec decides where ``grouped_mm`` wins.
+GPU times ``candidates`` for the benchmark shapes and prints rows to paste here. Shapes without
+a row run ``default_config``: block sizes from the tokens each expert receives, Triton
+everywhere (on the H200 the ``grouped_mm`` candidate won no shape tuned so far).
 """
 
 from __future__ import annotations
@@ -52,6 +51,18 @@ class MoEConfig:
 Key = tuple[str, int, int, int, int, str]
 #: (device kind, E_local, I, H, top_k, dtype name) -> ((max_tokens, MoEConfig), ...)
 TABLE: dict[Key, tuple[tuple[int, MoEConfig], ...]] = {}
+
+_G = GemmConfig
+#: H200 (sm_90, torch 2.11, triton 3.6), bf16, 2026-12-01, ``--tune``: the best of 25 candidates per
+#: token count (us per call in CUDA graphs; default_config measured 213 us at T=1 the same day).
+#: Token counts between two rows take the larger row's config; above 4096 the last row (the
+#: T=16384 shape was not tuned: the sweep's time ran out). Qwen3-30B-A3B is not tuned yet.
+TABLE[("cuda", 8, 14336, 4096, 2, "bfloat16")] = (
+    (1, MoEConfig(16, _G(64, 128, 8, 4, 3), _G(64, 128, 8, 4, 3))),  # 190.1 us
+    (16, MoEConfig(16, _G(64, 128, 8, 4, 3), _G(64, 128, 8, 4, 3))),  # 656.3 us (all 8 experts' weights)
+    (256, MoEConfig(128, _G(64, 64, 8, 8, 3), _G(128, 64, 8, 8, 3))),  # 811.8 us
+    (4096, MoEConfig(128, _G(128, 64, 8, 8, 3), _G(128, 64, 8, 8, 3))),  # 5998.6 us
+)
 
 _override: list[MoEConfig] = []
 

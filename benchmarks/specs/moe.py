@@ -137,9 +137,10 @@ def _path(shape: Shape, dtype: torch.dtype) -> str:
     return f"{cfg.path} m{cfg.block_m}"
 
 
-def tune(dtype: torch.dtype = torch.bfloat16) -> str:
+def tune(dtype: torch.dtype = torch.bfloat16, models: tuple[str, ...] = (), tokens: tuple[int, ...] = ()) -> str:
     """Times every candidate configuration per shape on the current GPU (CUDA graphs, the
-    runner's timer) and returns the best as ``moe_tuning.TABLE`` rows."""
+    runner's timer) and returns the best as ``moe_tuning.TABLE`` rows. ``models`` / ``tokens``
+    limit the sweep (each shape takes ~1.5 minutes on the H200, mostly Triton compiles)."""
     from customop.backend_loader import load_backend
     from customop.backends.triton import moe_tuning
     from customop.benchmarks.runner_timing import time_graph
@@ -147,8 +148,12 @@ def tune(dtype: torch.dtype = torch.bfloat16) -> str:
     load_backend("cuda")
     out = []
     for spec in SPECS:
+        if models and spec.name.split("[")[1].rstrip("]") not in models:
+            continue
         rows = []
         for shape in spec.shapes:
+            if tokens and shape.tokens not in tokens:
+                continue
             inputs = _inputs(shape, dtype, torch.device("cuda"))
             timed = []
             for cfg in moe_tuning.candidates(shape.tokens, shape.extra["experts"], shape.extra["top_k"]):
@@ -170,11 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="MoE benchmark helpers (the timing itself: customop bench --ops moe)")
     parser.add_argument("--report", metavar="RESULTS_JSON", help="TFLOP/s and floor table of a runner output")
     parser.add_argument("--tune", action="store_true", help="time the candidate configs on this GPU")
+    parser.add_argument("--models", default="", help=f"--tune only these (comma-separated of {', '.join(MODELS)})")
+    parser.add_argument("--tokens", default="", help="--tune only these token counts (comma-separated)")
     args = parser.parse_args(argv)
     if args.report:
         print(report(args.report))
     if args.tune:
-        print(tune())
+        print(tune(models=tuple(m for m in args.models.split(",") if m),
+                   tokens=tuple(int(t) for t in args.tokens.split(",") if t)))
     return 0
 
 
