@@ -301,6 +301,17 @@ def _sweep_plan(spec: OpSpec) -> list[tuple[str, dict]] | None:
     return None
 
 
+def _shape_plan(plan: list[tuple[str, dict]] | None, shape: Shape) -> list[tuple[str, dict]] | None:
+    """The alternatives of ``plan`` that apply to ``shape`` (``_tuning.sweep_alternatives``: the
+    "_tokens" / "_width" bounds some carry), without their filter keys."""
+    if not plan:
+        return plan
+    from customop.backends.triton import _tuning
+
+    return [(kind, fields) for kind, alt in plan
+            for fields in _tuning.sweep_alternatives((alt,), shape.tokens, shape.hidden)]
+
+
 def spec_impls(spec: OpSpec, requested: list[str]) -> list[str]:
     """The implementations timed for a spec: the requested ones, or every one it has (the common
     columns first, then its own peers, e.g. ``torch._grouped_mm`` for MoE)."""
@@ -397,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
                 shape = dataclasses.replace(shape, tokens=min(shape.tokens, 4), label=f"{shape.label}[dry]")
             names = spec_impls(spec, requested)
             impl_names += [n for n in names if n not in impl_names]
-            row = run_case(spec, shape, dtype, names, l2, copy_gbps, plan)
+            row = run_case(spec, shape, dtype, names, l2, copy_gbps, _shape_plan(plan, shape))
             rows.append(row)
             mine = row["impls"].get("customop", {})
             log(f"{spec.name:26s} {shape.label:14s} customop {mine.get('us', float('nan')):8.1f} us "

@@ -108,7 +108,10 @@ def plot(rows: list[dict], impl_names: list[str], path: str) -> bool:
 
 
 def sweep_report(rows: list[dict]) -> str:
-    out = ["\n### Tuning sweep (customop only)\n", "| op | shape | table pick us | best alternative | us |", "|---|---|---|---|---|"]
+    out = ["\n### Tuning sweep\n", "Per shape: the table's pick and the fastest alternative, each with its speedup over the "
+           "best peer (peer us / ours; >= 1.00 is the target).\n",
+           "| op | shape | table pick us | pick vs peer | best alternative | us | best vs pick | best vs peer | best peer us |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         alts = [s for s in r.get("sweep", []) if "us" in s]
         if not alts:
@@ -116,13 +119,16 @@ def sweep_report(rows: list[dict]) -> str:
         best = min(alts, key=lambda s: s["us"])
         pick = r["impls"].get("customop", {}).get("us", float("nan"))
         fields = ", ".join(f"{k}={v}" for k, v in best.items() if k not in ("us", "kind"))
-        out.append(f"| {r['op']} | {r['shape']} | {pick:.1f} | {best['kind']}: {fields} | {best['us']:.1f} |")
-    out += ["\nEvery alternative (fields replaced in the table's pick: us):\n"]
+        peer_us = r["impls"][r["best_peer"]]["us"] if "best_peer" in r else float("nan")
+        peer = f"{peer_us:.2f} {r['best_peer']}" if "best_peer" in r else "-"
+        out.append(f"| {r['op']} | {r['shape']} | {pick:.2f} | {peer_us / pick:.2f}x | {best['kind']}: {fields} | "
+                   f"{best['us']:.2f} | {pick / best['us']:.2f}x | {peer_us / best['us']:.2f}x | {peer} |")
+    out += ["\nEvery alternative (fields replaced in the table's pick: us; compare with the pick's us above):\n"]
     for r in rows:
         alts = r.get("sweep", [])
         if alts:
-            cells = ", ".join(f"{'/'.join(str(v) for k, v in s.items() if k not in ('us', 'kind', 'failed'))}"
-                              f"={s['us']:.1f}" if "us" in s else "failed" for s in alts)
+            cells = "; ".join(" ".join(f"{k}={v}" for k, v in s.items() if k not in ("us", "kind", "failed"))
+                              + (f": {s['us']:.2f}" if "us" in s else f": FAILED {s.get('failed', '')}") for s in alts)
             out.append(f"- {r['op']} {r['shape']} [{alts[0]['kind']}]: {cells}")
     return "\n".join(out)
 

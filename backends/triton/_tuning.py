@@ -56,6 +56,16 @@ class RowConfig:
     #: > 0: cap on registers per thread (NVIDIA's ``maxnreg``), so that one more program fits
     #: on an SM (e.g. Gemma's fp32 epilogue takes 40 at 16 warps: 3 programs per SM, 4 at 32)
     maxnreg: int = 0
+    #: code generation (rms family only; tuning.SWEEP times each against the table's pick):
+    #: ``even``: no bounds checks where the block cannot leave the tensor (rows: only the last
+    #: block is checked, none when block_m divides the rows; columns: none when block_n is the
+    #: row width); ``int32``: 32-bit element offsets when the launcher finds that they fit (int64
+    #: otherwise); ``w_first``: the weight's load issued before x's; ``evict``: x (and the
+    #: residual) read with ``evict_first``
+    even: bool = True
+    int32: bool = True
+    w_first: bool = True
+    evict: bool = True
 
     @property
     def launch_options(self) -> dict[str, int]:
@@ -67,6 +77,11 @@ class TileConfig:
     block_m: int
     block_n: int
     num_warps: int
+    #: code generation (the gated ``tile`` kernels only): ``even``: no bounds checks when the
+    #: tile divides the output; ``int32``: 32-bit element offsets when the launcher finds that
+    #: they fit (int64 otherwise)
+    even: bool = True
+    int32: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +106,25 @@ ROW_TABLE: dict[str, tuple[tuple[int, int, int], ...]] = {
         (32768, 1, 32),
     ),
 }
+#: the RMSNorm family (rms_norm, the fused add, Gemma's): size classes by token count, first match:
+#: (most rows, largest padded row width, rows per program, warps, programs per SM (0: one program
+#: per row block)); within a class, fewer rows per program while that leaves fewer than two
+#: programs per SM. Decode (<= 256 rows: one row per program, a latency-bound launch), mid sizes
+#: (<= 8192 rows) and prefill streaming each have their own rows so that a sweep result changes
+#: one class; the numbers are ROW_TABLE's until the ``rms`` sweep says otherwise. Wider rows loop.
+_INF = 1 << 62
+RMS_TABLE: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
+    "cuda": (
+        (256, 2048, 1, 4, 0), (256, 4096, 1, 8, 0), (256, 8192, 1, 16, 0), (256, 16384, 1, 16, 0),
+        (256, 32768, 1, 32, 0),
+        (8192, 128, 32, 4, 0), (8192, 256, 16, 4, 0), (8192, 512, 8, 4, 0), (8192, 1024, 4, 4, 0),
+        (8192, 2048, 1, 4, 0), (8192, 4096, 1, 8, 0), (8192, 8192, 1, 16, 0), (8192, 16384, 1, 16, 0),
+        (8192, 32768, 1, 32, 0),
+        (_INF, 128, 32, 4, 0), (_INF, 256, 16, 4, 0), (_INF, 512, 8, 4, 0), (_INF, 1024, 4, 4, 0),
+        (_INF, 2048, 1, 4, 0), (_INF, 4096, 1, 8, 0), (_INF, 8192, 1, 16, 0), (_INF, 16384, 1, 16, 0),
+        (_INF, 32768, 1, 32, 0),
+    ),
+}
 #: rows wider than the table: chunk width and warps of the looped kernel
 LOOP_ROW: dict[str, tuple[int, int]] = {"cuda": (8192, 16)}
 
@@ -112,8 +146,11 @@ QUANT_ROW_ELEMS_PER_THREAD: dict[str, int] = {"cuda": 64}
 #: gated ops (gelu erf 97.3 vs 103-106 at 8 per thread), 1024 / 4 is best at decode (1.3-1.4 us).
 TILE_TABLE: dict[str, dict[str, int]] = {
     "cuda": {"tile_elems": 1024, "tile_min_n": 1024, "flat_elems": 2048, "flat_min": 1024, "elems_per_warp": 512,
-             "small_elems_per_warp": 256},
+             "small_elems_per_warp": 256, "decode_tokens": 256, "decode_min_n": 1024},
 }
+#: (tile, decode rows) up to ``decode_tokens`` rows the gated tile may shrink to ``decode_min_n``
+#: columns (instead of ``tile_min_n``) to spread the few rows over more SMs; the ``tile`` sweep's
+#: decode alternatives time 128-2048.
 #: per-token-group quant: elements per program (whole groups of one row), per thread, and the
 #: smallest program; 32 groups of 128 at 4 warps take ~55 registers: nine programs (72 KB of
 #: loads) in flight per SM, against six (48 KB) at 8 warps
@@ -183,6 +220,24 @@ def _row_config(kind: str, sms: int, n_rows: int, n_cols: int, quant: bool) -> R
     return RowConfig(1, chunk, _warps(kind, warps), False)
 
 
+def rms_config(device: torch.device, n_rows: int, n_cols: int) -> RowConfig:
+    """Config of the RMSNorm family's kernel (RMS_TABLE; override kind ``rms``)."""
+    kind = device_kind(device)
+    return _apply_override("rms", _rms_config(kind, sm_count(device), n_rows, n_cols))
+
+
+@functools.lru_cache(maxsize=512)
+def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int) -> RowConfig:
+    width = next_pow2(n_cols)
+    for max_rows, max_width, block_m, warps, per_sm in _table(RMS_TABLE, kind):
+        if n_rows <= max_rows and width <= max_width:
+            while block_m > 1 and _cdiv(n_rows, block_m) < 2 * sms:
+                block_m //= 2
+            return RowConfig(block_m, width, _warps(kind, warps), True, programs_per_sm=per_sm)
+    chunk, warps = _table(LOOP_ROW, kind)
+    return RowConfig(1, chunk, _warps(kind, warps), False)
+
+
 def row_grid(device: torch.device, cfg: RowConfig, n_rows: int) -> tuple[tuple[int], int]:
     """(grid, pipeline stages) of a row kernel: a persistent grid when the config asks for one
     and there are more row blocks than it has programs."""
@@ -206,7 +261,8 @@ def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int) -> TileConfig:
     t = _table(TILE_TABLE, kind)
     block_n = min(next_pow2(n_cols), t["tile_elems"])
     block_m = min(max(1, t["tile_elems"] // block_n), next_pow2(n_rows))
-    while block_n > t["tile_min_n"] and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
+    min_n = t["decode_min_n"] if n_rows <= t["decode_tokens"] else t["tile_min_n"]
+    while block_n > min_n and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
         block_n //= 2
     small = _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms
     warps = max(1, min(8, block_m * block_n // t["small_elems_per_warp" if small else "elems_per_warp"]))
@@ -267,18 +323,51 @@ def rotary_config(device: torch.device, num_tokens: int, is_neox: bool) -> Rotar
 SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
     "rows": tuple({"num_warps": w} for w in (4, 8, 16, 32)) + ({"block_m": 2},)
     + tuple({"programs_per_sm": p} for p in (1, 2, 4)) + ({"maxnreg": 32}, {"maxnreg": 32, "programs_per_sm": 4}),
-    "tile": tuple({"block_n": n, "num_warps": w} for n, w in ((512, 1), (512, 2), (1024, 2), (1024, 4),
-                                                              (2048, 4), (2048, 8), (4096, 8), (4096, 16))),
+    # the gated ops: the previous kernel's code (bounds checks and int64 offsets everywhere), then
+    # small tiles at decode sizes (more programs for a few rows) and, beyond, Inductor's two
+    # pointwise shapes (1024 / 4 warps, 512 / 8) and larger tiles
+    "tile": ({"even": False, "int32": False},)
+    + tuple({"block_n": n, "num_warps": w, "_tokens": (0, 256)} for n, w in ((128, 1), (256, 1), (256, 2), (512, 1),
+                                                                          (512, 2), (1024, 4), (2048, 8)))
+    + tuple({"block_n": n, "num_warps": w, "_tokens": (257, _INF)} for n, w in ((512, 4), (512, 8), (1024, 4),
+                                                                             (1024, 8), (2048, 4), (2048, 8), (4096, 8))),
     "flat": tuple({"block_n": n, "num_warps": w} for n, w in ((512, 1), (1024, 4), (2048, 4), (2048, 8), (4096, 4),
                                                               (4096, 8), (8192, 8), (8192, 16), (16384, 16))),
+    # the RMSNorm family. Keys starting with "_" limit an alternative to shapes (sweep_alternatives):
+    # "_tokens" / "_width": inclusive (low, high) bounds on the rows and the padded row width.
+    # First the code generation: the previous kernel's (bounds checks everywhere, int64 offsets,
+    # the weight loaded after the reduction), the weight after the reduction alone, no eviction
+    # hint (Inductor's persistent reductions give x none); then warps (none that leave more than
+    # 64 fp32 elements of a row per thread); then at mid and prefill sizes the rows per program
+    # and the persistent grid.
+    "rms": ({"even": False, "int32": False, "w_first": False}, {"w_first": False}, {"evict": False},
+            {"num_warps": 2, "_width": (0, 4096)}, {"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16},
+            {"num_warps": 32, "_width": (8192, _INF)},
+            {"num_warps": 8, "evict": False, "_tokens": (257, _INF), "_width": (8192, _INF)},
+            {"block_m": 2, "_tokens": (257, _INF)}, {"programs_per_sm": 1, "_tokens": (257, _INF)},
+            {"programs_per_sm": 2, "_tokens": (257, _INF)}, {"programs_per_sm": 4, "_tokens": (257, _INF)},
+            {"programs_per_sm": 4, "maxnreg": 32, "_tokens": (257, _INF)}),
     "rotary": ({"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16}, {"min_splits": 2}),
     "group": tuple({"block_m": m, "num_warps": w} for m, w in ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8))),
 }
 
 
+def sweep_alternatives(alternatives: tuple[dict[str, Any], ...], tokens: int, width: int) -> list[dict[str, Any]]:
+    """The alternatives that apply to a shape of ``tokens`` rows of ``width`` lanes (padded to a
+    power of two), without their "_" filter keys."""
+    width = next_pow2(width)
+    out = []
+    for alt in alternatives:
+        lo_t, hi_t = alt.get("_tokens", (0, _INF))
+        lo_w, hi_w = alt.get("_width", (0, _INF))
+        if lo_t <= tokens <= hi_t and lo_w <= width <= hi_w:
+            out.append({k: v for k, v in alt.items() if not k.startswith("_")})
+    return out
+
+
 @contextlib.contextmanager
 def override(kind: str, **fields: Any) -> Iterator[None]:
-    """Within the block, configs of ``kind`` (rows, tile, flat) get ``fields`` replaced."""
+    """Within the block, configs of ``kind`` (rows, rms, tile, flat, ...) get ``fields`` replaced."""
     if kind not in SWEEP:
         raise ValueError(f"_tuning.override: unknown kind {kind!r}; known: {sorted(SWEEP)}")
     previous = _OVERRIDES.get(kind)

@@ -59,19 +59,28 @@ def _gate_act(a, param, ACT: tl.constexpr):
 def _and_mul_kernel(
     x_ptr, out_ptr, n_rows, d, x_stride, out_stride, gate_offset, up_offset, param, param2, param3,
     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVEN: tl.constexpr = False, INT64: tl.constexpr = True,
 ):
     # param: fatrelu's threshold, swiglustep's and silu_and_mul_with_clamp's limit, situ's beta;
     # param2: silu_and_mul_with_clamp's alpha, situ's linear_beta; param3: silu_and_mul_with_clamp's beta
     # tiles of the [n_rows, d] output, row-major (column block fastest): the programs in flight
-    # read one contiguous stretch of x and write one of out, as a flat copy does
+    # read one contiguous stretch of x and write one of out, as a flat copy does. EVEN: the tile
+    # divides the output (no bounds checks); INT64: 64-bit offsets (the host picks 32-bit when
+    # every offset fits).
     pid = tl.program_id(0)
     col_blocks = tl.cdiv(d, BLOCK_N)
-    rows = ((pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    if INT64:
+        rows = rows.to(tl.int64)
     cols = (pid % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
     x_row = x_ptr + rows[:, None] * x_stride + cols[None, :]
-    a = tl.load(x_row + gate_offset, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    b = tl.load(x_row + up_offset, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    if EVEN:
+        a = tl.load(x_row + gate_offset, eviction_policy="evict_first").to(tl.float32)
+        b = tl.load(x_row + up_offset, eviction_policy="evict_first").to(tl.float32)
+    else:
+        a = tl.load(x_row + gate_offset, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        b = tl.load(x_row + up_offset, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     if ACT == SILU_CLAMP:
         g = tl.minimum(a, param)
         y = g * tl.sigmoid(param2 * g) * (tl.minimum(tl.maximum(b, -param), param) + param3)
@@ -84,21 +93,26 @@ def _and_mul_kernel(
         if ACT == SWIGLUSTEP:
             b = tl.minimum(tl.maximum(b, -param), param)
         y = _gate_act(a, param, ACT) * b
-    tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+    if EVEN:
+        tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty))
+    else:
+        tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _swigluoai_kernel(
     x_ptr, out_ptr, n_rows, d, x_stride, out_stride, alpha, limit,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr = False, INT64: tl.constexpr = True,
 ):
     # Interleaved lanes: one contiguous load of 2 * BLOCK_N lanes per row (16-byte accesses; a
     # [rows, cols, 2] pointer tile would not vectorise), then a register-local split into pairs.
-    # Tiles go row-major, as in _and_mul_kernel.
+    # Tiles go row-major, as in _and_mul_kernel. INT64 as there; EVEN is not used (the masks stay).
     pid = tl.program_id(0)
     col_blocks = tl.cdiv(d, BLOCK_N)
     col_block = pid % col_blocks
-    rows = ((pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    if INT64:
+        rows = rows.to(tl.int64)
     cols = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
     lanes = 2 * col_block * BLOCK_N + tl.arange(0, 2 * BLOCK_N)
     row_mask = (rows < n_rows)[:, None]
@@ -213,10 +227,18 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
     if out.numel() == 0:
         return out
     cfg = config or _tuning.tile_config(x.device, n_rows, d)
-    grid = (triton.cdiv(n_rows, cfg.block_m) * triton.cdiv(d, cfg.block_n),)
+    row_blocks, col_blocks = triton.cdiv(n_rows, cfg.block_m), triton.cdiv(d, cfg.block_n)
+    grid = (row_blocks * col_blocks,)
+    x_stride = row_stride(rows)
+    # 32-bit offsets when the furthest lane of the padded last tile fits (x's row holds both
+    # halves: 2 * the padded width covers the gate / up offsets and swigluoai's lane pairs)
+    padded_rows, padded_cols = row_blocks * cfg.block_m, col_blocks * cfg.block_n
+    fits = max((padded_rows - 1) * x_stride + 2 * padded_cols, (padded_rows - 1) * d + padded_cols) <= 2**31
     with device_guard(x.device):
-        kernel[grid](rows, out_rows, n_rows, d, row_stride(rows), d, *args, **constexprs,
-                     BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+        kernel[grid](rows, out_rows, n_rows, d, x_stride, d, *args, **constexprs,
+                     BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+                     EVEN=cfg.even and n_rows % cfg.block_m == 0 and d % cfg.block_n == 0,
+                     INT64=not (cfg.int32 and fits))
     return out
 
 

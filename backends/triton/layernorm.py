@@ -39,34 +39,102 @@ def _scale_rows(x, rstd, w, W_DTYPE: tl.constexpr, HAS_WEIGHT: tl.constexpr, GEM
 
 
 @triton.jit
+def _load(ptrs, mask, MASKED: tl.constexpr, POLICY: tl.constexpr):
+    if MASKED:
+        return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
+    else:
+        return tl.load(ptrs, eviction_policy=POLICY)
+
+
+@triton.jit
+def _store(ptrs, value, mask, MASKED: tl.constexpr):
+    if MASKED:
+        tl.store(ptrs, value, mask=mask)
+    else:
+        tl.store(ptrs, value)
+
+
+@triton.jit
+def _rms_block(
+    x_ptr, res_ptr, out_ptr, w_ptr, block, n_rows, n_cols, x_stride, res_stride, out_stride, eps,
+    HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, GEMMA: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASK_M: tl.constexpr, MASK_N: tl.constexpr, INT64: tl.constexpr,
+    W_FIRST: tl.constexpr, POLICY: tl.constexpr,
+):
+    """One block of BLOCK_M whole rows. MASK_M / MASK_N: bounds checks on rows / columns (off
+    when the block is known to be inside); INT64: 64-bit row offsets (the host picks 32-bit when
+    every offset fits); W_FIRST: the weight load is issued before x's, so that its latency
+    overlaps theirs (after the reduction, it would wait behind the reduction's barrier and, in
+    the fused add, behind the residual's store)."""
+    W_DTYPE = w_ptr.dtype.element_ty
+    MASKED: tl.constexpr = MASK_M or MASK_N
+    cols = tl.arange(0, BLOCK_N)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    if INT64:
+        rows = rows.to(tl.int64)
+    if MASK_M and MASK_N:
+        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    elif MASK_M:
+        mask = tl.broadcast_to((rows < n_rows)[:, None], (BLOCK_M, BLOCK_N))
+    else:  # only the columns, or unused
+        mask = tl.broadcast_to((cols < n_cols)[None, :], (BLOCK_M, BLOCK_N))
+    w = 0.0
+    if HAS_WEIGHT and W_FIRST:
+        w = _load(w_ptr + cols, cols < n_cols, MASK_N, "evict_last")[None, :]
+    x = _load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask, MASKED, POLICY).to(tl.float32)
+    if HAS_RESIDUAL:
+        r_ptrs = res_ptr + rows[:, None] * res_stride + cols[None, :]
+        x += _load(r_ptrs, mask, MASKED, POLICY).to(tl.float32)
+        _store(r_ptrs, x.to(x_ptr.dtype.element_ty).to(res_ptr.dtype.element_ty), mask, MASKED)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    if HAS_WEIGHT and not W_FIRST:
+        w = _load(w_ptr + cols, cols < n_cols, MASK_N, "evict_last")[None, :]
+    y = _scale_rows(x, rstd[:, None], w, W_DTYPE, HAS_WEIGHT, GEMMA)
+    _store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask, MASKED)
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, out_ptr, w_ptr,
     n_rows, n_cols, x_stride, res_stride, out_stride, eps,
     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, GEMMA: tl.constexpr,
     SINGLE_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    PERSISTENT: tl.constexpr = False, ROW_MASK: tl.constexpr = 2, EVEN_N: tl.constexpr = False,
+    INT64: tl.constexpr = True, W_FIRST: tl.constexpr = False, POLICY: tl.constexpr = "evict_first",
 ):
-    W_DTYPE = w_ptr.dtype.element_ty
+    """ROW_MASK: 0 (BLOCK_M divides n_rows: no row bounds checks), 1 (checks in the last block
+    only), 2 (checks in every block); EVEN_N: BLOCK_N == n_cols (no column checks). PERSISTENT:
+    fewer programs than row blocks, each looping over blocks with the next block's loads in
+    flight (STAGES = 2); otherwise one block per program, straight-line code."""
     if SINGLE_TILE:
-        cols = tl.arange(0, BLOCK_N)
-        col_mask = cols < n_cols
-        # Programs stride over row blocks: one block each when the grid covers them all; in a
-        # persistent grid (STAGES = 2) the next block's loads are issued while this one computes.
-        for block in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0), num_stages=STAGES):
-            rows = (block * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-            mask = (rows < n_rows)[:, None] & col_mask[None, :]
-            x_ptrs = x_ptr + rows[:, None] * x_stride + cols[None, :]
-            x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            if HAS_RESIDUAL:
-                r_ptrs = res_ptr + rows[:, None] * res_stride + cols[None, :]
-                x += tl.load(r_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-                tl.store(r_ptrs, x.to(x_ptr.dtype.element_ty).to(res_ptr.dtype.element_ty), mask=mask)
-            rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-            # the weight is re-read per block (an L1/L2 hit) rather than held across the loop,
-            # which would cost registers and so resident programs
-            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last")[None, :] if HAS_WEIGHT else 0.0
-            y = _scale_rows(x, rstd[:, None], w, W_DTYPE, HAS_WEIGHT, GEMMA)
-            tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+        pid = tl.program_id(0)
+        n_full = n_rows // BLOCK_M
+        if PERSISTENT:
+            n_loop = n_full if ROW_MASK < 2 else tl.cdiv(n_rows, BLOCK_M)
+            for block in tl.range(pid, n_loop, tl.num_programs(0), num_stages=STAGES):
+                _rms_block(x_ptr, res_ptr, out_ptr, w_ptr, block, n_rows, n_cols, x_stride, res_stride, out_stride,
+                           eps, HAS_RESIDUAL, HAS_WEIGHT, GEMMA, BLOCK_M, BLOCK_N, ROW_MASK == 2, not EVEN_N,
+                           INT64, W_FIRST, POLICY)
+            if ROW_MASK == 1:
+                if pid == n_full % tl.num_programs(0):
+                    _rms_block(x_ptr, res_ptr, out_ptr, w_ptr, n_full, n_rows, n_cols, x_stride, res_stride,
+                               out_stride, eps, HAS_RESIDUAL, HAS_WEIGHT, GEMMA, BLOCK_M, BLOCK_N, True, not EVEN_N,
+                               INT64, W_FIRST, POLICY)
+        elif ROW_MASK == 1:
+            if pid < n_full:
+                _rms_block(x_ptr, res_ptr, out_ptr, w_ptr, pid, n_rows, n_cols, x_stride, res_stride, out_stride,
+                           eps, HAS_RESIDUAL, HAS_WEIGHT, GEMMA, BLOCK_M, BLOCK_N, False, not EVEN_N,
+                           INT64, W_FIRST, POLICY)
+            else:
+                _rms_block(x_ptr, res_ptr, out_ptr, w_ptr, pid, n_rows, n_cols, x_stride, res_stride, out_stride,
+                           eps, HAS_RESIDUAL, HAS_WEIGHT, GEMMA, BLOCK_M, BLOCK_N, True, not EVEN_N,
+                           INT64, W_FIRST, POLICY)
+        else:
+            _rms_block(x_ptr, res_ptr, out_ptr, w_ptr, pid, n_rows, n_cols, x_stride, res_stride, out_stride,
+                       eps, HAS_RESIDUAL, HAS_WEIGHT, GEMMA, BLOCK_M, BLOCK_N, ROW_MASK == 2, not EVEN_N,
+                       INT64, W_FIRST, POLICY)
     else:
+        W_DTYPE = w_ptr.dtype.element_ty
         # One row per program. Pass 1 sums squares; pass 2 re-reads x (and the residual, which
         # is rewritten only there, chunk by chunk, after being read), then writes.
         row = tl.program_id(0).to(tl.int64)
@@ -271,16 +339,30 @@ def _launch_rms(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
                 out: torch.Tensor, eps: float, gemma: bool, config: _tuning.RowConfig | None = None) -> None:
     """Normalises the rows of x (+ residual, rewritten in place) into out; all are row views."""
     n_rows, n_cols = x.shape
-    cfg = config or _tuning.row_config(x.device, n_rows, n_cols)
+    cfg = config or _tuning.rms_config(x.device, n_rows, n_cols)
     res = residual if residual is not None else x
     w = weight.contiguous() if weight is not None else x
     grid, stages = _tuning.row_grid(x.device, cfg, n_rows)
+    block_m = cfg.block_m if cfg.single_tile else 1
+    strides = (row_stride(x), row_stride(res), row_stride(out))
+    # the code-generation choices (RowConfig's even / int32 / w_first / evict): bounds checks
+    # only where a block can leave the tensor, 32-bit offsets whenever the furthest element of
+    # the padded last block fits (int64 otherwise, or when the config forbids 32-bit)
+    blocks = triton.cdiv(n_rows, block_m)
+    row_mask = 2 if not cfg.even else (0 if n_rows % block_m == 0 else 1)
+    int64 = not (cfg.int32 and cfg.single_tile and _offsets_fit(blocks * block_m, cfg.block_n, strides))
     with device_guard(x.device):
         _rms_norm_kernel[grid](
-            x, res, out, w, n_rows, n_cols, row_stride(x), row_stride(res), row_stride(out), eps,
+            x, res, out, w, n_rows, n_cols, *strides, eps,
             HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, GEMMA=gemma,
-            SINGLE_TILE=cfg.single_tile, BLOCK_M=cfg.block_m if cfg.single_tile else 1,
-            BLOCK_N=cfg.block_n, STAGES=stages, **cfg.launch_options)
+            SINGLE_TILE=cfg.single_tile, BLOCK_M=block_m, BLOCK_N=cfg.block_n, STAGES=stages,
+            PERSISTENT=grid[0] < blocks, ROW_MASK=row_mask, EVEN_N=cfg.even and cfg.block_n == n_cols,
+            INT64=int64, W_FIRST=cfg.w_first, POLICY="evict_first" if cfg.evict else "", **cfg.launch_options)
+
+
+def _offsets_fit(rows: int, width: int, strides: tuple[int, ...]) -> bool:
+    """Whether every element offset of ``rows`` rows of ``width`` lanes fits in an int32."""
+    return all((rows - 1) * stride + width <= 2**31 for stride in strides)
 
 
 def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
@@ -439,6 +521,9 @@ def fused_add_nemotron_layer_norm(x: torch.Tensor, residual: torch.Tensor, weigh
     _layer_norm(x, residual, weight, bias, eps, x, one_plus=True)
 
 
+_RMS_OPS = ("customop::rms_norm", "customop::fused_add_rms_norm", "customop::gemma_rms_norm",
+            "customop::gemma_fused_add_rms_norm")
+
 KERNELS = {
     "customop::rms_norm": rms_norm,
     "customop::fused_add_rms_norm": fused_add_rms_norm,
@@ -452,5 +537,6 @@ KERNELS = {
     "customop::fused_add_nemotron_layer_norm": fused_add_nemotron_layer_norm,
 }
 
-#: which _tuning config kind each op's kernel reads (for the benchmark runner's --sweep)
-TUNING = {name: "rows" for name in KERNELS}
+#: which _tuning config kind each op's kernel reads (for the benchmark runner's --sweep): the
+#: RMSNorm family reads ``rms`` (its own size classes and code-generation knobs), the others ``rows``
+TUNING = {name: "rms" if name in _RMS_OPS else "rows" for name in KERNELS}

@@ -83,6 +83,22 @@ def cases():
     yield "fused_add looped", k, _norm_sig(), _norm_const(res=True, single=False), 16, ALIGNED_NORM
     yield "gemma 8192", k, _norm_sig(w="*fp32"), _norm_const(gemma=True), 16, ALIGNED_NORM
     yield "gemma fused_add", k, _norm_sig(), _norm_const(res=True, gemma=True), 16, ALIGNED_NORM
+    # the code-generation knobs (RowConfig even / int32 / w_first / evict) and the warps the rms
+    # sweep times: no bounds checks, 32-bit offsets, the weight first
+    new = {"ROW_MASK": 0, "EVEN_N": True, "INT64": False, "W_FIRST": True}
+    for bn, warps in ((4096, 2), (4096, 4), (4096, 8), (4096, 16), (8192, 4), (8192, 8), (8192, 16), (8192, 32)):
+        for res, gemma in ((False, False), (True, False), (True, True)):
+            yield (f"rms new bn={bn} w={warps} res={res} gemma={gemma}", k, _norm_sig(),
+                   dict(_norm_const(res=res, gemma=gemma, bn=bn), **new), warps, ALIGNED_NORM)
+    yield "rms new 8192 no evict hint", k, _norm_sig(), {**_norm_const(), **new, "POLICY": ""}, 8, ALIGNED_NORM
+    yield ("rms new tail-masked 128x32rows", k, _norm_sig(), {**_norm_const(bm=32, bn=128), **new, "ROW_MASK": 1}, 4,
+           ALIGNED_NORM)
+    yield ("fused_add new persistent tail 8192x2rows", k, _norm_sig(),
+           {**_norm_const(res=True, bm=2, stages=2), **new, "ROW_MASK": 1, "PERSISTENT": True}, 16, ALIGNED_NORM)
+    yield ("fused_add new persistent 4096", k, _norm_sig(),
+           {**_norm_const(res=True, bn=4096, stages=2), **new, "PERSISTENT": True}, 8, ALIGNED_NORM)
+    yield ("rms new unaligned 4231 int64", k, _norm_sig(), {**_norm_const(), **new, "EVEN_N": False, "INT64": True}, 16,
+           ("x_ptr", "res_ptr", "out_ptr", "w_ptr"))
     g = norm._rms_norm_gated_kernel
     gal = ("x_ptr", "z_ptr", "out_ptr", "w_ptr", "res_ptr", "res_out_ptr", "group_size", "x_stride", "z_stride",
            "out_stride", "res_stride", "res_out_stride")
@@ -122,6 +138,15 @@ def cases():
         yield f"and_mul {name} 1x2048", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": code.value, "BLOCK_M": 1, "BLOCK_N": 2048}, 4, ROW_ALIGNED
     yield "and_mul silu 1x512", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": act.SILU.value, "BLOCK_M": 1, "BLOCK_N": 512}, 1, ROW_ALIGNED
     yield "and_mul silu 16x128", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": act.SILU.value, "BLOCK_M": 16, "BLOCK_N": 128}, 4, ROW_ALIGNED
+    # the tile sweep's shapes with the code-generation knobs (no bounds checks, 32-bit offsets)
+    for bn, warps in ((128, 1), (256, 1), (256, 2), (512, 2), (512, 4), (512, 8), (1024, 2), (1024, 4), (1024, 8),
+                      (2048, 4), (2048, 8), (4096, 8)):
+        yield (f"and_mul silu even int32 1x{bn} w={warps}", act._and_mul_kernel, _AND_MUL_SIG,
+               {"ACT": act.SILU.value, "BLOCK_M": 1, "BLOCK_N": bn, "EVEN": True, "INT64": False}, warps, ROW_ALIGNED)
+    yield ("and_mul gelu even int32 1x1024", act._and_mul_kernel, _AND_MUL_SIG,
+           {"ACT": act.GELU.value, "BLOCK_M": 1, "BLOCK_N": 1024, "EVEN": True, "INT64": False}, 2, ROW_ALIGNED)
+    yield ("swigluoai int32 1x2048", act._swigluoai_kernel, _OAI_SIG, {"BLOCK_M": 1, "BLOCK_N": 2048, "INT64": False}, 4,
+           ROW_ALIGNED)
     yield "swigluoai 1x2048", act._swigluoai_kernel, _OAI_SIG, {"BLOCK_M": 1, "BLOCK_N": 2048}, 4, ROW_ALIGNED
     for approx in (False, True):
         yield (f"gelu_sparse 16384 tanh={approx}", act._gelu_sparse_kernel, _SPARSE_SIG,
@@ -162,7 +187,10 @@ def _resource_usage(cubin: bytes, ptx: str, arch: int) -> dict[str, int]:
 
 def compile_one(kernel, sig, const, warps, aligned, target):
     fn = kernel if isinstance(kernel, triton.runtime.jit.JITFunction) else kernel.fn
-    sig = dict(sig)
+    sig, const = dict(sig), dict(const)
+    for param in fn.params:  # constexprs a case leaves out take the kernel's defaults
+        if param.is_constexpr and param.name not in sig and param.name not in const and param.has_default:
+            const[param.name] = param.default
     for name in const:
         sig[name] = "constexpr"
     names = fn.arg_names

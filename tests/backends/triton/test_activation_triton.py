@@ -99,6 +99,59 @@ def test_gated_tile_configs(label, config, poison_empty):
     assert_close(TILED[label](x, op, config), reference(case, x.double(), op), torch.float32)
 
 
+# (rows, d, config) -> (EVEN, INT64) the launcher must pick
+_TILE_CODEGEN = [
+    ((4, 256), _tuning.TileConfig(2, 64, 1), (True, False)),  # the tile divides the output: no checks
+    ((5, 200), _tuning.TileConfig(2, 64, 1), (False, False)),  # neither rows nor columns divide
+    ((5, 256), _tuning.TileConfig(2, 64, 2), (False, False)),  # only the rows do not
+    ((4, 200), _tuning.TileConfig(1, 128, 2), (False, False)),  # only the columns do not
+    ((4, 256), _tuning.TileConfig(2, 64, 1, int32=False), (True, True)),  # 64-bit forced
+    ((5, 200), _tuning.TileConfig(4, 32, 1, even=False, int32=False), (False, True)),  # the previous code
+    ((4, 256), _tuning.TileConfig(2, 64, 1, even=False), (False, False)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape,config,expect", _TILE_CODEGEN,
+                         ids=[f"{r}x{d}-{c.block_m}x{c.block_n}-even{e}-int64{i}" for (r, d), c, (e, i) in _TILE_CODEGEN])
+@pytest.mark.parametrize("label", ["silu_and_mul", "gelu_and_mul[tanh]", "swigluoai_and_mul"])
+def test_gated_tile_codegen_knobs(label, shape, config, expect, dtype, monkeypatch, poison_empty):
+    """The gated tile kernels' code generation (no bounds checks when the tile divides the
+    output, 32- / 64-bit offsets) on odd shapes: the launcher picks the expected constexprs and
+    the output (allocated NaN-poisoned) matches the float64 reference."""
+    name = "_swigluoai_kernel" if label == "swigluoai_and_mul" else "_and_mul_kernel"
+    launches = []
+    kernel = getattr(act, name)
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(kwargs)
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(act, name, Spy())
+    case = BY_LABEL[label]
+    op = build(case)
+    rows, d = shape
+    x = _input((rows, 2 * d), dtype)
+    got = TILED[label](x, op, config)
+    assert [(k["EVEN"], k["INT64"]) for k in launches] == [expect]
+    assert_close(got, reference(case, x.double(), op).to(dtype), dtype)
+
+
+def test_tile_decode_class_and_sweep_filters():
+    """The decode rows of TILE_TABLE and the ``tile`` sweep's shape filters."""
+    assert _tuning._tile_config("cuda", 132, 1, 14336) == _tuning.TileConfig(1, 1024, 4)
+    assert _tuning._tile_config("cuda", 132, 32768, 14336).block_n == 1024
+    decode = _tuning.sweep_alternatives(_tuning.SWEEP["tile"], 16, 14336)
+    prefill = _tuning.sweep_alternatives(_tuning.SWEEP["tile"], 32768, 14336)
+    assert {"even": False, "int32": False} in decode and {"even": False, "int32": False} in prefill
+    assert {"block_n": 256, "num_warps": 1} in decode and {"block_n": 256, "num_warps": 1} not in prefill
+    assert {"block_n": 512, "num_warps": 8} in prefill
+
+
 @pytest.mark.parametrize("label", ["gelu_and_mul_sparse[0.95]", "gelu_and_mul_sparse[0.3,tanh]"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_gelu_sparse_looped_path(label, dtype, poison_empty):

@@ -15,8 +15,8 @@ from customop.samples.layernorm import CASES, DTYPES, SIZES
 from customop.testing import assert_close
 from tests.backends.triton.conftest import as_cpu_kernel
 from tests.cases.layernorm import (
-    assert_matches, ref_fused_add, ref_fused_add_nemotron, ref_fused_gated, ref_gated, ref_layer_norm, ref_rms_norm,
-    reference,
+    assert_matches, ref_fused_add, ref_fused_add_nemotron, ref_fused_gated, ref_gated, ref_gemma, ref_layer_norm,
+    ref_rms_norm, reference,
 )
 
 pytestmark = pytest.mark.interpret
@@ -117,6 +117,94 @@ def test_persistent_grid(block_m, poison_empty):
     norm._norm(x, r, w, EPS, x, gemma=False, config=cfg)
     assert_close(x, want_out.bfloat16(), torch.bfloat16)
     assert_close(r, want_res.bfloat16(), torch.bfloat16)
+
+
+class _LaunchSpy:
+    """Wraps a @triton.jit kernel: records each launch's constexprs, then launches it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append({"grid": grid, **kwargs})
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+# rows, width, config -> the code-generation constexprs the launcher must pick
+_CODEGEN = [
+    # 13 rows in blocks of 4: only the last block is bounds-checked; 100 of 128 lanes: columns too
+    (13, 100, _tuning.RowConfig(4, 128, 4, True), {"ROW_MASK": 1, "EVEN_N": False, "INT64": False}),
+    # 12 rows in blocks of 4 and the whole 128-lane row: no check at all
+    (12, 128, _tuning.RowConfig(4, 128, 4, True), {"ROW_MASK": 0, "EVEN_N": True, "INT64": False}),
+    (13, 128, _tuning.RowConfig(1, 128, 2, True, w_first=False), {"ROW_MASK": 0, "EVEN_N": True, "W_FIRST": False}),
+    # the host's 64-bit choice forced; the previous kernel's code (checks everywhere, int64, weight last)
+    (13, 128, _tuning.RowConfig(4, 128, 4, True, int32=False), {"ROW_MASK": 1, "EVEN_N": True, "INT64": True}),
+    (13, 100, _tuning.RowConfig(8, 128, 4, True, even=False, int32=False, w_first=False, evict=False),
+     {"ROW_MASK": 2, "EVEN_N": False, "INT64": True, "W_FIRST": False, "POLICY": ""}),
+    (12, 128, _tuning.RowConfig(4, 128, 4, True, even=False), {"ROW_MASK": 2, "EVEN_N": False, "INT64": False}),
+    # persistent grid (the interpreter has one "SM": one program loops over every block), with
+    # and without a tail block, 32- and 64-bit
+    (13, 100, _tuning.RowConfig(4, 128, 4, True, programs_per_sm=1), {"ROW_MASK": 1, "PERSISTENT": True}),
+    (12, 128, _tuning.RowConfig(4, 128, 4, True, programs_per_sm=1, int32=False),
+     {"ROW_MASK": 0, "EVEN_N": True, "PERSISTENT": True, "INT64": True}),
+    (13, 128, _tuning.RowConfig(2, 128, 4, True, programs_per_sm=1, even=False, w_first=False),
+     {"ROW_MASK": 2, "PERSISTENT": True, "INT64": False}),
+    (7, 37, _tuning.RowConfig(1, 64, 1, True, evict=False), {"ROW_MASK": 0, "EVEN_N": False, "POLICY": ""}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma"])
+@pytest.mark.parametrize("rows,width,config,expect", _CODEGEN,
+                         ids=[f"{r}x{w}-{'-'.join(f'{k}{v}' for k, v in e.items())}" for r, w, _, e in _CODEGEN])
+def test_rms_codegen_knobs(rows, width, config, expect, gemma, dtype, monkeypatch):
+    """Every code-generation choice of the RMSNorm kernel (bounds checks per block / none,
+    32- / 64-bit offsets, weight first / last, eviction hint, persistent grid) on odd shapes:
+    the launcher picks the expected constexprs, and rms_norm and the fused add (outputs poisoned
+    with NaN) match the float64 references."""
+    spy = _LaunchSpy(norm._rms_norm_kernel)
+    monkeypatch.setattr(norm, "_rms_norm_kernel", spy)
+    x, r = _x((rows, width), dtype, 2.0), _x((rows, width), dtype, 2.0)
+    w = _x((width,), dtype, 0.5, 0.0 if gemma else 1.0)
+    out = torch.full_like(x, float("nan"))
+    norm._norm(x, None, w, EPS, out, gemma=gemma, config=config)
+    want = ref_gemma(x, w, EPS) if gemma else ref_rms_norm(x, w, EPS)
+    assert_close(out, want.to(dtype), dtype)
+    want_out, want_res = ref_fused_add(x, r, w, EPS, gemma=gemma)
+    norm._norm(x, r, w, EPS, x, gemma=gemma, config=config)
+    assert_close(x, want_out.to(dtype), dtype)
+    assert_close(r, want_res.to(dtype), dtype)
+    assert len(spy.launches) == 2
+    for launch in spy.launches:
+        assert {k: launch[k] for k in expect} == expect
+
+
+def test_rms_offsets_switch_to_int64_beyond_int32():
+    """The host's 32-bit test: the furthest element of the padded last block must fit."""
+    assert norm._offsets_fit(2, 4096, (4096,))
+    assert norm._offsets_fit(1 << 18, 8192, (8192,))  # 32768 * 8 rows of 8192: 2**31 - 1 at most
+    assert not norm._offsets_fit((1 << 18) + 1, 8192, (8192,))
+    assert not norm._offsets_fit(3, 128, (128, 1 << 30))  # any one tensor's stride decides
+
+
+def test_rms_size_classes_and_sweep_filters():
+    """RMS_TABLE's classes (one row per program at decode sizes) and the shape filters of the
+    ``rms`` sweep (no alternative leaves more than 64 elements of a row per thread)."""
+    cfg = _tuning._rms_config("cuda", 132, 16, 4096)
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.single_tile) == (1, 4096, 8, True)
+    assert _tuning._rms_config("cuda", 132, 4096, 512).block_m == 8
+    assert not _tuning._rms_config("cuda", 132, 16, 65536).single_tile
+    for tokens in (1, 16, 256, 4096, 32768):
+        for width in (4096, 8192):
+            alts = _tuning.sweep_alternatives(_tuning.SWEEP["rms"], tokens, width)
+            assert alts and all(not k.startswith("_") for a in alts for k in a)
+            assert all(width // (32 * a["num_warps"]) <= 64 for a in alts if "num_warps" in a)
+            assert any("programs_per_sm" in a for a in alts) == (tokens > 256)
+    with _tuning.override("rms", num_warps=2):
+        assert _tuning.rms_config(torch.device("cpu"), 16, 4096).num_warps == 2
 
 
 def test_rms_norm_gated_without_z_and_looped(poison_empty):
