@@ -19,8 +19,10 @@ customop/ops/_library/mla.py). Split-context ("flash-decoding") in two kernels:
    normalised partial output and its log-sum-exp (``-inf`` for an empty split). Head blocks are
    the grid's fastest axis, so the programs reading one split's tiles run together and share
    them through L2.
-2. ``_merge_kernel``, program ``(row, head)``: rescales the splits by their log-sum-exp and sums
-   them. A row of length 0 has only empty splits and gets zeros.
+2. ``_merge_kernel``, program ``(row, head, lane block)``: loads every split's log-sum-exp and
+   partial output for its lanes at once, rescales and sums them. A row of length 0 has only
+   empty splits and gets zeros. With one split there is no merge: the split kernel writes the
+   output itself (``DIRECT``).
 
 The tiles and the split policy come from one function, ``config`` (a ``Config``: heads and
 positions per tile, warps, pipeline stages, and ``wave``: how many programs per compute unit the
@@ -29,14 +31,15 @@ splits aim for); ``override(Config(...))`` replaces it for a sweep
 The number of splits is chosen on the host without reading ``seq_lens``: about ``wave`` programs
 per compute unit, at least ``MIN_SPLIT`` positions each, at most ``MAX_SPLITS``; the context bound
 is ``max_seq_len`` when the caller knows it, else the block table's width times the block size.
-It is a runtime argument of both kernels (one compiled kernel per tile config, whatever the
-batch). Lengths are clamped into that width and block ids into the cache, so a malformed table
+It is a runtime argument of both kernels (the split kernel compiles once per tile config and
+one-split-or-not, the merge once per power of two of the split count, whatever the batch). Lengths are clamped into that width and block ids into the cache, so a malformed table
 gives wrong rows, never a wild access. 16-bit inputs feed the tensor cores; fp32 multiplies in
 full fp32 (IEEE, small tiles: the fp32 path is for correctness, not speed).
 
 The 16-bit CUDA tiles (64 heads, 32 positions, 8 warps, 2 stages on sm_90/sm_100) are chosen for
 Hopper's tensor cores (the three dots compile to wgmma) and shared memory; compiled for sm_90
-ahead of time they use 221 registers and 144 KB of shared memory, no spills
+ahead of time they use 221 registers (255 in the one-split variant that writes the output)
+and 144 KB of shared memory, no spills
 (tests/backends/triton/test_mla_triton.py). They have not yet been run or timed on a GPU
 (tests/gpu/test_mla_cuda.py, benchmarks/specs/mla.py and its ``--sweep``); other GPUs keep small
 first-guess tiles, also never timed.
@@ -59,6 +62,8 @@ _LOG2E = 1.4426950408889634
 #: the fewest context positions a split gets, and the most splits
 MIN_SPLIT = 256
 MAX_SPLITS = 64
+#: fp32 partial outputs one merge program loads at once (splits x lanes: 32 KB)
+_MERGE_TILE = 8192
 _OP = "customop::mla_decode"
 
 
@@ -74,11 +79,11 @@ def _mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 # the split count and the cache/table sizes vary per call: no recompile when they do
 @triton.jit(do_not_specialize=["num_blocks", "table_width", "num_splits"])
-def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, qk_scale, num_blocks, table_width, heads, num_splits,
-                  stride_qb, stride_qh, stride_pb, stride_ph, stride_cb, stride_cs, stride_tb,
+def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, O, qk_scale, num_blocks, table_width, heads, num_splits,
+                  stride_qb, stride_qh, stride_pb, stride_ph, stride_cb, stride_cs, stride_tb, stride_ob, stride_oh,
                   L: tl.constexpr, R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
                   BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                  DIRECT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     head_block = tl.program_id(0)
     split = tl.program_id(1)
     row = tl.program_id(2)
@@ -136,31 +141,36 @@ def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, qk_scale, num_blocks, table
         acc = _mma(p.to(q.dtype), kv, acc * alpha[:, None], PRECISION, UPCAST)
         m_i = m_new
     filled = l_i > 0
-    out = acc / tl.where(filled, l_i, 1.0)[:, None]
-    lse = tl.where(filled, m_i + tl.log2(tl.where(filled, l_i, 1.0)), float("-inf"))
-    slot = (row.to(tl.int64) * heads + hs) * num_splits + split  # MID_* are [B, N, splits(, BLOCK_L)]
-    tl.store(MID_O + slot[:, None] * BLOCK_L + lanes[None, :], out, mask=h_ok[:, None] & l_ok[None, :])
-    tl.store(MID_LSE + slot, lse, mask=h_ok)
+    out = acc / tl.where(filled, l_i, 1.0)[:, None]  # an empty split: zeros
+    if DIRECT:  # one split: the output itself, no merge
+        tl.store(O + row.to(tl.int64) * stride_ob + hs[:, None] * stride_oh + lanes[None, :],
+                 out.to(O.dtype.element_ty), mask=h_ok[:, None] & l_ok[None, :])
+    else:
+        lse = tl.where(filled, m_i + tl.log2(tl.where(filled, l_i, 1.0)), float("-inf"))
+        slot = (row.to(tl.int64) * heads + hs) * num_splits + split  # MID_* are [B, N, splits(, BLOCK_L)]
+        tl.store(MID_O + slot[:, None] * BLOCK_L + lanes[None, :], out, mask=h_ok[:, None] & l_ok[None, :])
+        tl.store(MID_LSE + slot, lse, mask=h_ok)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _merge_kernel(MID_O, MID_LSE, O, stride_ob, stride_oh, heads, num_splits,
-                  L: tl.constexpr, BLOCK_L: tl.constexpr):
+                  L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_LM: tl.constexpr):
+    # every split of one (row, head) and BLOCK_LM lanes in one load: no loop whose loads wait in turn
     row = tl.program_id(0)
     head = tl.program_id(1)
     first = (row.to(tl.int64) * heads + head) * num_splits
-    lanes = tl.arange(0, BLOCK_L)
+    splits = tl.arange(0, BLOCK_S)
+    s_ok = splits < num_splits
+    lanes = tl.program_id(2) * BLOCK_LM + tl.arange(0, BLOCK_LM)
     l_ok = lanes < L
-    m = tl.load(MID_LSE + first)
-    for s in range(1, num_splits):
-        m = tl.maximum(m, tl.load(MID_LSE + first + s))
+    lse = tl.load(MID_LSE + first + splits, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)  # all splits empty: every weight below is 0
-    total = tl.zeros([], tl.float32)
-    acc = tl.zeros([BLOCK_L], tl.float32)
-    for s in range(num_splits):
-        w = tl.exp2(tl.load(MID_LSE + first + s) - m)
-        acc += w * tl.load(MID_O + (first + s) * BLOCK_L + lanes, mask=l_ok, other=0.0)
-        total += w
+    w = tl.exp2(lse - m)
+    total = tl.sum(w, 0)
+    part = tl.load(MID_O + (first + splits)[:, None] * BLOCK_L + lanes[None, :], mask=s_ok[:, None] & l_ok[None, :],
+                   other=0.0)
+    acc = tl.sum(w[:, None] * part, 0)
     out = tl.where(total > 0, acc / tl.where(total > 0, total, 1.0), 0.0)
     tl.store(O + row.to(tl.int64) * stride_ob + head * stride_oh + lanes, out.to(O.dtype.element_ty), mask=l_ok)
 
@@ -296,18 +306,27 @@ def mla_decode_splits(q_latent: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
         raise ValueError(f"{_OP}: kv_cache must have unit last stride and at least one block")
     cfg = cfg or config(q_latent.dtype, heads, kv_cache.shape[1], q_latent.device)
     block_l, block_r = max(16, next_pow2(lat)), max(16, next_pow2(rope))
-    mid_o = torch.empty((rows, heads, splits, block_l), dtype=torch.float32, device=out.device)
-    mid_lse = torch.empty((rows, heads, splits), dtype=torch.float32, device=out.device)
+    direct = splits == 1
+    if direct:  # the split kernel writes the output; MID_* are never touched
+        mid_o = mid_lse = out
+    else:
+        mid_o = torch.empty((rows, heads, splits, block_l), dtype=torch.float32, device=out.device)
+        mid_lse = torch.empty((rows, heads, splits), dtype=torch.float32, device=out.device)
     with device_guard(out.device):
         _split_kernel[(triton.cdiv(heads, cfg.block_h), splits, rows)](
-            q_latent, q_pe, kv_cache, block_table, seq_lens, mid_o, mid_lse, scale * _LOG2E, kv_cache.shape[0],
+            q_latent, q_pe, kv_cache, block_table, seq_lens, mid_o, mid_lse, out, scale * _LOG2E, kv_cache.shape[0],
             block_table.shape[1], heads, splits, q_latent.stride(0), q_latent.stride(1), q_pe.stride(0),
-            q_pe.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-            L=lat, R=rope, BLOCK_L=block_l, BLOCK_R=block_r, BLOCK_SIZE=kv_cache.shape[1], BLOCK_H=cfg.block_h,
-            BLOCK_N=cfg.block_n, STAGES=cfg.stages, PRECISION="ieee" if q_latent.dtype == torch.float32 else "tf32",
+            q_pe.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0), out.stride(0),
+            out.stride(1), L=lat, R=rope, BLOCK_L=block_l, BLOCK_R=block_r, BLOCK_SIZE=kv_cache.shape[1],
+            BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, STAGES=cfg.stages, DIRECT=direct,
+            PRECISION="ieee" if q_latent.dtype == torch.float32 else "tf32",
             UPCAST=q_latent.dtype == torch.bfloat16 and INTERPRETED, num_warps=cfg.warps)
-        _merge_kernel[(rows, heads)](mid_o, mid_lse, out, out.stride(0), out.stride(1), heads, splits,
-                                     L=lat, BLOCK_L=block_l, num_warps=4)
+        if not direct:
+            block_s = next_pow2(splits)
+            block_lm = min(block_l, max(16, _MERGE_TILE // block_s))
+            _merge_kernel[(rows, heads, triton.cdiv(lat, block_lm))](
+                mid_o, mid_lse, out, out.stride(0), out.stride(1), heads, splits,
+                L=lat, BLOCK_L=block_l, BLOCK_S=block_s, BLOCK_LM=block_lm, num_warps=4)
     return out
 
 

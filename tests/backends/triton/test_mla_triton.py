@@ -220,18 +220,22 @@ _ALIGNED = ("Q", "QPE", "C", "BT", "SL", "MID_O", "MID_LSE", "O", "stride_qb", "
 
 def _aot_cases():
     """(label, kernel, {pointer arg: type}, constexprs, warps); other arguments are i32. The
-    default tiles for 128 heads: Hopper's bf16 and fp32, and the other GPUs' bf16."""
-    for label, dtype, ptr, hopper in (("hopper bf16", torch.bfloat16, "*bf16", True),
-                                      ("fp32", torch.float32, "*fp32", True),
-                                      ("other bf16", torch.bfloat16, "*bf16", False)):
+    default tiles for 128 heads: Hopper's bf16 (split and direct: one split writes the output)
+    and fp32, the other GPUs' bf16; the merge of 64 and of 2 splits."""
+    for label, dtype, ptr, hopper, direct in (("hopper bf16", torch.bfloat16, "*bf16", True, False),
+                                              ("hopper bf16 direct", torch.bfloat16, "*bf16", True, True),
+                                              ("fp32", torch.float32, "*fp32", True, False),
+                                              ("other bf16", torch.bfloat16, "*bf16", False, False)):
         cfg = kernel.tiles(dtype, 128, 64, hopper)
         types = {"Q": ptr, "QPE": ptr, "C": ptr, "BT": "*i32", "SL": "*i32", "MID_O": "*fp32", "MID_LSE": "*fp32",
-                 "qk_scale": "fp32"}
+                 "O": ptr, "qk_scale": "fp32"}
         yield (f"split {label} {cfg}", kernel._split_kernel, types,
                dict(L=512, R=64, BLOCK_L=512, BLOCK_R=64, BLOCK_SIZE=64, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-                    STAGES=cfg.stages, PRECISION="ieee" if dtype == torch.float32 else "tf32", UPCAST=False), cfg.warps)
-    yield ("merge", kernel._merge_kernel, {"MID_O": "*fp32", "MID_LSE": "*fp32", "O": "*bf16"},
-           dict(L=512, BLOCK_L=512), 4)
+                    STAGES=cfg.stages, DIRECT=direct, PRECISION="ieee" if dtype == torch.float32 else "tf32",
+                    UPCAST=False), cfg.warps)
+    for block_s in (64, 2):
+        yield (f"merge {block_s}", kernel._merge_kernel, {"MID_O": "*fp32", "MID_LSE": "*fp32", "O": "*bf16"},
+               dict(L=512, BLOCK_L=512, BLOCK_S=block_s, BLOCK_LM=min(512, kernel._MERGE_TILE // block_s)), 4)
 
 
 @pytest.mark.slow
