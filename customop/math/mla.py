@@ -21,6 +21,7 @@ A query at position ``p`` sees the request's keys at positions ``0..p``. The cac
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -164,13 +165,56 @@ def absorbed_decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: MLAMetadata, 
     return torch.einsum("tnl,nlv->tnv", o_latent.float(), w_uv).to(q.dtype)
 
 
+def span_rows(spans: list[tuple[int, int]], device: torch.device) -> torch.Tensor:
+    """The token indices of the ``[a, b)`` spans, in order."""
+    return torch.cat([torch.arange(a, b, device=device) for a, b in spans])
+
+
+def packed_prefill(q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, cache_dtype: torch.dtype,
+                   spans: list[tuple[int, int]], kv_b_weight: torch.Tensor, d: MLADims, varlen_attn) -> torch.Tensor:
+    """Prefill requests without cached context (``spans``: each one's tokens ``[a, b)`` of the
+    batch, its whole history) through one causal ``varlen_attn`` (``customop::varlen_attn``'s
+    signature) over their packed tokens, instead of one SDPA per request. Keys and values are
+    up-projected from the batch's own latent rows, rounded through the cache's dtype as the spec's
+    read-back of the same rows is (they are the rows ``write_cache`` wrote, where ``slot_mapping``
+    and ``block_table`` agree, as the metadata's contract says). -> ``[sum(b - a), N, V]``.
+
+    The varlen op takes one head dim for q, k and v (torch's flash varlen kernel requires it, and
+    the Triton kernel keeps the op's contract), while MLA's values are narrower (DeepSeek: q/k
+    ``P + R`` = 192, v ``V`` = 128): v is zero-padded to the q/k width and the output sliced back
+    to ``V`` (zero lanes of v give zero output lanes, the scores are untouched), what serving
+    stacks do for FlashAttention-2. Were ``V`` the wider, q and k would be zero-padded instead
+    (zero lanes add nothing to the scores; the scale is passed explicitly)."""
+    if all(b0 == a1 for (_, b0), (a1, _) in zip(spans, spans[1:])):
+        pick = lambda t: t[spans[0][0]:spans[-1][1]]  # noqa: E731  (the usual batch: one slice, no gather)
+    else:
+        rows = span_rows(spans, q.device)
+        pick = lambda t: t[rows]  # noqa: E731
+    latent = pick(kv_c_normed).to(cache_dtype).to(q.dtype)
+    rope = pick(k_pe.reshape(k_pe.shape[0], -1)).to(cache_dtype).to(q.dtype)
+    kv = F.linear(latent, kv_b_weight).view(-1, d.num_heads, d.qk_nope_head_dim + d.v_head_dim)
+    k_nope, v = kv.split([d.qk_nope_head_dim, d.v_head_dim], dim=-1)
+    k = torch.cat((k_nope, rope[:, None, :].expand(-1, d.num_heads, -1)), dim=-1)
+    query = pick(q)
+    width = max(query.shape[-1], d.v_head_dim)
+    query, k, v = (F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t.contiguous() for t in (query, k, v))
+    lengths = [b - a for a, b in spans]
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=q.device)
+    out = varlen_attn(query, k, v, cu, max(lengths), d.scale, True)
+    return out[..., :d.v_head_dim]
+
+
 def mla_attention(q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
-                  meta: MLAMetadata, kv_b_weight: torch.Tensor, d: MLADims, latent_decode=None) -> torch.Tensor:
+                  meta: MLAMetadata, kv_b_weight: torch.Tensor, d: MLADims, latent_decode=None,
+                  varlen_attn=None) -> torch.Tensor:
     """Writes the batch's rows into ``kv_cache`` (in place), then attends: decode requests by
     absorption, prefill requests by up-projection, each over its whole history. ``q``
     ``[T, N, P + R]`` -> ``[T, N * V]`` in q's dtype. ``latent_decode`` (a kernel with
     ``customop::mla_decode``'s signature): the decode requests go through it, all at once
-    (``absorbed_decode``), instead of the per-request spec."""
+    (``absorbed_decode``), instead of the per-request spec. ``varlen_attn`` (a kernel with
+    ``customop::varlen_attn``'s signature): the prefill requests without cached context go through
+    it, all at once (``packed_prefill``); a prefill with cached context (chunked prefill) keeps
+    the spec's up-projection of its history read from the cache."""
     write_cache(kv_cache, meta.slot_mapping, kv_c_normed, k_pe)
     out = q.new_zeros(q.shape[0], d.num_heads, d.v_head_dim)
     starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
@@ -179,9 +223,16 @@ def mla_attention(q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor
         first, n = meta.num_decodes, starts[meta.num_decodes]
         if n:
             out[:n] = absorbed_decode(q[:n], kv_cache, meta, kv_b_weight, d, latent_decode)
+    packed = set()
+    if varlen_attn is not None:
+        packed = {r for r in range(meta.num_decodes, len(lens)) if lens[r] == starts[r + 1] - starts[r] > 0}
+        if packed:
+            spans = [(starts[r], starts[r + 1]) for r in sorted(packed)]
+            result = packed_prefill(q, kv_c_normed, k_pe, kv_cache.dtype, spans, kv_b_weight, d, varlen_attn)
+            out.index_copy_(0, span_rows(spans, q.device), result)
     for r, length in enumerate(lens):
         a, b = starts[r], starts[r + 1]
-        if a == b or r < first:
+        if a == b or r < first or r in packed:
             continue
         history = gather_history(kv_cache, meta.block_table[r], length)
         attend = decode_attention if r < meta.num_decodes else prefill_attention

@@ -15,7 +15,9 @@ requests up-projected: the math module); ``o_proj``. Submodules are the caller's
 ``ReplicatedLinear``/``ColumnParallelLinear``, ``RMSNorm``, ``get_rope``... or any module with their
 call forms: linear layers may return ``(out, bias)`` tuples). Accelerators (``forward_kernel``)
 send the decode requests' latent attention to ``torch.ops.customop.mla_decode`` (a Triton
-split-context kernel: docs/mla.md); the rest is the spec. Sparse (V3.2 indexer) models are not supported.
+split-context kernel: docs/mla.md) and the prefill requests without cached context, packed, to one
+causal ``torch.ops.customop.varlen_attn`` (the varlen attention route of ``mm_encoder_attn``); the
+rest (chunked prefills, the projections) is the spec. Sparse (V3.2 indexer) models are not supported.
 """
 
 from __future__ import annotations
@@ -153,16 +155,18 @@ class MultiHeadLatentAttentionWrapper(CustomOp):
                        attn_metadata: MLAMetadata | None = None,
                        llama_4_scaling: torch.Tensor | None = None) -> torch.Tensor:
         """The spec, with the decode requests' latent attention through ``torch.ops.customop.mla_decode``
-        (the Triton split-context kernel on GPUs); prefill requests stay as in the spec. While
-        autograd records, the spec runs throughout (the library op has no backward)."""
+        (the Triton split-context kernel on GPUs) and the prefill requests without cached context
+        through one causal ``torch.ops.customop.varlen_attn`` over their packed tokens; a prefill
+        with cached context (chunked prefill) stays as in the spec. While autograd records, the
+        spec runs throughout (the library ops have no backward)."""
         if torch.is_grad_enabled() and (hidden_states.requires_grad or self.kv_b_proj.weight.requires_grad):
             return self.forward_native(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling)
         return self._layer(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling,
-                           latent_decode=torch.ops.customop.mla_decode)
+                           latent_decode=torch.ops.customop.mla_decode, varlen_attn=torch.ops.customop.varlen_attn)
 
     def _layer(self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache: torch.Tensor | None,
                attn_metadata: MLAMetadata | None, llama_4_scaling: torch.Tensor | None,
-               latent_decode: Any = None) -> torch.Tensor:
+               latent_decode: Any = None, varlen_attn: Any = None) -> torch.Tensor:
         self.check_inputs(positions, hidden_states, kv_cache, attn_metadata)
         q, kv_c_normed, k_pe = self._qkv(positions, hidden_states)
         if llama_4_scaling is not None:
@@ -171,7 +175,7 @@ class MultiHeadLatentAttentionWrapper(CustomOp):
             attn = q.new_zeros(q.shape[0], self.num_heads * self.v_head_dim)
         else:
             attn = mla_attention(q, kv_c_normed, k_pe, kv_cache, attn_metadata, self.kv_b_proj.weight, self.dims,
-                                 latent_decode)
+                                 latent_decode, varlen_attn)
         return _out(self.o_proj(attn))
 
     def extra_repr(self) -> str:

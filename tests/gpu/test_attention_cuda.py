@@ -184,3 +184,105 @@ def test_conforms_on_the_gpu(attn):
     from customop.testing import assert_conforms
 
     assert_conforms(MMEncoderAttention, platform="cuda", device="cuda")
+
+
+# ---- causal: customop::varlen_attn, MLA's prefill route (docs/mla.md) ------------------------------
+#: DeepSeek-V3 at tensor parallel 8: 16 heads, q/k of 128 + 64 = 192 lanes, v of 128 zero-padded to 192
+MLA_HEADS, MLA_QK, MLA_V = 16, 192, 128
+CAUSAL_PACKINGS = ((1, 100, 1023, 4096, 7), (2048, 2048))  # uneven (flash / Triton); equal (one SDPA batch)
+
+
+def causal_ref_on_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths, scale: float) -> torch.Tensor:
+    """``ref_on_device`` with each query seeing its segment's keys up to its own position."""
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    start = 0
+    for length in lengths:
+        rows = slice(start, start + length)
+        above = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
+        for h0 in range(0, q.shape[1], 4):
+            h1 = min(h0 + 4, q.shape[1])
+            scores = torch.einsum("qhd,khd->hqk", q[rows, h0:h1].double(), k[rows, h0:h1].double()) * scale
+            out[rows, h0:h1] = torch.einsum("hqk,khd->qhd", scores.masked_fill(above, float("-inf")).softmax(-1),
+                                            v[rows, h0:h1].double())
+        start += length
+    return out
+
+
+def _mla_packed(lengths, dtype, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    t = sum(lengths)
+    q, k, v = (torch.randn(t, MLA_HEADS, MLA_QK, device="cuda", generator=gen).to(dtype) for _ in range(3))
+    v[..., MLA_V:] = 0
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    return q, k, v, cu
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lengths", CAUSAL_PACKINGS, ids=["uneven", "equal"])
+def test_causal_varlen_attn_at_mla_sizes(attn, lengths, dtype, poison_empty):
+    """Through the registered CUDA kernel (torch's flash or SDPA for 16-bit, Triton for fp32)."""
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("customop::varlen_attn", "CUDA")
+    q, k, v, cu = _mla_packed(lengths, dtype)
+    scale = MLA_QK ** -0.5
+    got = torch.ops.customop.varlen_attn(q, k, v, cu, max(lengths), scale, True)
+    expected = causal_ref_on_device(q, k, v, lengths, scale)
+    torch.cuda.synchronize()
+    assert_close_on_device(got.reshape(-1, MLA_QK), expected.reshape(-1, MLA_QK).to(dtype), f"causal {lengths}",
+                           atol=FP32_ATOL if dtype == torch.float32 else None)
+    assert not got[..., MLA_V:].any(), "the zero-padded value lanes must stay zero"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_causal_triton_kernel_at_mla_sizes(attn, dtype, poison_empty):
+    lengths = CAUSAL_PACKINGS[0]
+    q, k, v, cu = _mla_packed(lengths, dtype, seed=1)
+    got = attn.triton_varlen_attention(q, k, v, cu, max(lengths), MLA_QK ** -0.5, causal=True)
+    expected = causal_ref_on_device(q, k, v, lengths, MLA_QK ** -0.5)
+    torch.cuda.synchronize()
+    assert_close_on_device(got.reshape(-1, MLA_QK), expected.reshape(-1, MLA_QK).to(dtype), "triton causal")
+
+
+def test_causal_routing_and_graph_replay(attn):
+    """16-bit causal calls go to torch's flash kernel where its varlen_attn has a causal keyword
+    (``is_causal`` or ``window_size``); a captured causal call replays as it runs eagerly."""
+    q, k, v, cu = _mla_packed(CAUSAL_PACKINGS[0], torch.bfloat16)
+    print(f"torch {torch.__version__}: varlen_attn causal keywords {attn._torch_varlen_causal()}")
+    assert attn.torch_flash_serves(q, k, causal=True) == (attn._torch_varlen() is not None
+                                                          and attn._torch_varlen_causal() is not None)
+    for dtype in (torch.bfloat16, torch.float32):
+        x, y, z = q.to(dtype), k.to(dtype), v.to(dtype)
+        call = lambda: torch.ops.customop.varlen_attn(x, y, z, cu, 4096, 0.07, True)  # noqa: E731
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            call()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = call()
+        for t in (x, y):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, call()), dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_mla_packed_prefill_at_deepseek_sizes(attn, dtype):
+    """``packed_prefill`` (MLA's prefill route) with DeepSeek-V3's per-GPU dims (16 heads, P 128,
+    R 64, V 128, L 512) against the spec's per-request up-projection in float64."""
+    from customop.math import mla as mla_math
+
+    d = mla_math.MLADims(MLA_HEADS, 128, 64, MLA_V, 512, MLA_QK ** -0.5)
+    spans, gen = [(0, 1), (1, 301), (301, 2349), (2349, 2366)], torch.Generator(device="cuda").manual_seed(2)
+    t = spans[-1][1]
+    q = torch.randn(t, MLA_HEADS, MLA_QK, device="cuda", generator=gen).to(dtype)
+    kv_c = torch.randn(t, 512, device="cuda", generator=gen).to(dtype)
+    k_pe = torch.randn(t, 64, device="cuda", generator=gen).to(dtype)
+    w = (torch.randn(MLA_HEADS * 256, 512, device="cuda", generator=gen) * 512 ** -0.5).to(dtype)
+    got = mla_math.packed_prefill(q, kv_c, k_pe, dtype, spans, w, d, torch.ops.customop.varlen_attn)
+    rows = torch.cat((kv_c, k_pe), -1).double()
+    expected = torch.cat([mla_math.prefill_attention(q[a:b].double(), rows[a:b], w.double(), d) for a, b in spans])
+    torch.cuda.synchronize()
+    err = float((got.double() - expected).norm() / expected.norm())
+    assert err <= (1e-5 if dtype == torch.float32 else 4 * 2.0 ** -8), f"normwise {err:.2e}"

@@ -34,6 +34,8 @@ Tensor = torch.Tensor
 SCHEMAS = {
     "mm_encoder_attn": "(Tensor query, Tensor key, Tensor value, Tensor cu_seqlens, int max_seqlen, "
                        "float scale) -> Tensor",
+    "varlen_attn": "(Tensor query, Tensor key, Tensor value, Tensor cu_seqlens, int max_seqlen, float scale, "
+                   "bool causal) -> Tensor",
 }
 
 
@@ -46,4 +48,25 @@ def mm_encoder_attn(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tenso
 
 @mm_encoder_attn.register_fake
 def _(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float) -> Tensor:
+    return query.new_empty(query.shape)
+
+
+# ``customop::varlen_attn``: ``mm_encoder_attn``'s contract (above) plus ``causal``: when true,
+# token ``i`` of a segment attends to the segment's tokens ``0..i`` only (query and key lengths
+# are equal per segment, so top-left and bottom-right alignment agree). A separate op rather than
+# a new argument of ``mm_encoder_attn``, whose schema the TPU and XPU backends implement as it is.
+# Its first user is MLA's prefill (customop/math/mla.py), with the value padded to the query's
+# head dim. The Triton launcher serves it on CUDA/ROCm/XPU; elsewhere this reference runs.
+
+
+@torch.library.custom_op("customop::varlen_attn", mutates_args=(), schema=SCHEMAS["varlen_attn"])
+def varlen_attn(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float,
+                causal: bool) -> Tensor:
+    """Attention inside each ``cu_seqlens`` segment of a packed sequence, causal when asked."""
+    return _math.varlen_attention(query, key, value, cu_seqlens, max_seqlen, scale, causal, "varlen_attn").contiguous()
+
+
+@varlen_attn.register_fake
+def _(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float,
+      causal: bool) -> Tensor:
     return query.new_empty(query.shape)
