@@ -9,10 +9,8 @@ aligned rows, and CLIP's 3 x 14 x 14 = 588 is not. The product is the same sum; 
 tiling and so the fp32 rounding order may differ. On the H200 (2026-12-01, bf16) this took CLIP's
 16 x 336-pixel images from 105 to 39 us (torch.compile: 93) and SigLIP's 8 x 384 from 28 to 19
 us (compile: 19; the GEMM alone on pre-laid rows: 14). Inputs whose rows are already a view
-(one contiguous patch per sample) run the spec's free view; every other convolution runs the spec
-(``F.conv2d``/``F.conv3d``: cuDNN). A third path, one Triton implicit GEMM that reads the patches
-straight from the image (``conv_gemm.py``), is taken per shape where ``conv_gemm.TABLE`` names it
-(filled from ``python3 -m customop.benchmarks.specs.conv --sweep``).
+(one contiguous patch per sample) and every other convolution run the spec (``F.conv2d``/
+``F.conv3d``: cuDNN).
 
 The kernel sees every input as 3-D (a 2-D image is a depth-1 clip with a depth-1 kernel), so one
 kernel serves both ops. Program ``(rows block, columns block)``: a column ``k`` of a row is
@@ -30,7 +28,6 @@ import triton
 import triton.language as tl
 
 from customop.backends.triton._common import device_guard
-from customop.backends.triton import conv_gemm
 from customop.math import conv as _math
 
 #: row length multiple: 8 elements of 16 bits = 16 bytes
@@ -97,17 +94,13 @@ def _rows_are_a_view(x: torch.Tensor, kernel: tuple[int, ...]) -> bool:
 def _patch_projection(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     kernel = tuple(weight.shape[2:])
     n = len(kernel)
-    route, cfg = conv_gemm.choose(x, weight, _rows_are_a_view(x, kernel))
-    if route == "view":
+    if _rows_are_a_view(x, kernel):
         return _math.patch_linear(x, weight, bias)
-    grid = [size // k for size, k in zip(x.shape[2:], kernel)]
-    if route == "implicit":
-        out = conv_gemm.patch_gemm(x, weight, bias, cfg)
-        return out.view(x.shape[0], *grid, weight.shape[0]).permute(0, n + 1, *range(1, n + 1))
     rows = patch_rows(x, kernel)
     flat = weight.reshape(weight.shape[0], -1)
     if flat.shape[1] != rows.shape[1]:
         flat = F.pad(flat, (0, rows.shape[1] - flat.shape[1]))
+    grid = [size // k for size, k in zip(x.shape[2:], kernel)]
     out = F.linear(rows, flat, bias)
     # the spec's layout: [B, *grid, out] viewed channels-first
     return out.view(x.shape[0], *grid, weight.shape[0]).permute(0, n + 1, *range(1, n + 1))

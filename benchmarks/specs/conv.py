@@ -13,22 +13,13 @@ Implementations (the runner times only those named in ``--impls``):
 
     customop bench --ops 'conv*' --impls customop,eager,conv,gemm,compile --out DIR
 
-``python3 -m customop.benchmarks.specs.conv --sweep`` (GPU, about a minute) times, per shape, the
-plain GEMM on pre-laid rows, the spec, the free view where the rows are one, the Triton gather +
-cuBLAS, and the Triton implicit GEMM at each candidate config (``conv_gemm.CANDIDATES``), checks
-every output against ``F.conv*`` in fp32, and prints one table plus the ``conv_gemm.TABLE`` rows
-the numbers pick.
-
 The runner's GB/s columns count the input read, the weight read and the output written once
 (``bytes_moved``); ``flops`` (``2 * patches * out * C * prod(kernel)``) gives TFLOP/s.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import math
-import sys
 from typing import Any
 
 import torch
@@ -117,70 +108,3 @@ def _impls(op: str) -> dict:
 
 SPECS = [OpSpec(name=op, family="conv", shapes=_shapes(op), make_inputs=_inputs, bytes_moved=_bytes, impls=_impls(op))
          for op in ("conv3d", "conv2d")]
-
-
-def sweep(dtype: torch.dtype = torch.bfloat16, device: str = "cuda") -> str:
-    """Times every path and implicit-GEMM config per shape on the current GPU (CUDA graphs, the
-    runner's timer), checks each output against ``F.conv*`` (fp32, no TF32), prints the table and
-    returns the ``conv_gemm.TABLE`` rows of the fastest route per shape."""
-    from customop.backend_loader import load_backend
-    from customop.backends.triton import conv_gemm
-    from customop.benchmarks.runner_timing import time_graph
-
-    if device == "cuda":
-        load_backend("cuda")
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    device, name = torch.device(device), str(dtype).removeprefix("torch.")
-    print(f"{'shape':18s} {'variant':58s} {'us':>8s} {'x gemm':>7s} {'max err':>8s}", flush=True)
-    table: dict[tuple, list[str]] = {}
-    for op, label, _, channels, kernel in _CASES:
-        shape = next(sh for spec in SPECS if spec.name == op for sh in spec.shapes if sh.label == label)
-        inputs = _inputs(shape, dtype, device)
-        x, w, b = inputs["x"], inputs["weight"], inputs["bias"]
-        n = len(kernel)
-        conv_fn = F.conv3d if n == 3 else F.conv2d
-        expected = conv_fn(x.float(), w.float(), b.float(), kernel)
-        fn = _impls(op)
-        call = fn["customop"](inputs)
-        rows_view = tuple(x.shape[2:]) == tuple(kernel) and x.is_contiguous()
-        variants = [("gemm (pre-laid rows)", None, fn["gemm"](inputs)), ("spec (torch copy + GEMM)", None, fn["eager"](inputs))]
-        variants += [("view", ("view", None), call)] if rows_view else []
-        variants += [("gather + GEMM", ("gather", None), call)]
-        variants += [(f"implicit {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
-                      f" g{cfg.group_m}{' kn' if cfg.weight_kn else ''}", ("implicit", cfg), call)
-                     for cfg in conv_gemm.CANDIDATES]
-        gemm_us, timed = None, []
-        for variant, route, f in variants:
-            try:
-                with conv_gemm.override(*route) if route else contextlib.nullcontext():
-                    err = (f().float() - expected).abs().max().item()
-                    us = time_graph([f])
-            except Exception as exc:  # a config that fails to compile or launch is reported and skipped
-                print(f"{label:18s} {variant:58s} failed: {type(exc).__name__}: {str(exc)[:80]}", flush=True)
-                continue
-            ok = err <= 0.05 + 0.02 * expected.abs().max().item()
-            gemm_us = gemm_us or us
-            print(f"{label:18s} {variant:58s} {us:8.1f} {gemm_us / us:7.2f} {err:8.4f}{'' if ok else '  WRONG'}",
-                  flush=True)
-            if route and ok:
-                timed.append((us, route))
-        us, (route, cfg) = min(timed, key=lambda t: t[0])
-        key = f"    (\"{device.type}\", {tuple(kernel)}, {x.shape[1]}, {channels}, \"{name}\"): ("
-        table.setdefault(key, []).append(f"        ({shape.tokens}, \"{route}\", {cfg!r}),  "
-                                         f"# {us:.1f} us, {gemm_us / us:.2f}x the plain GEMM")
-    # rows by patch count (the _CASES order is increasing); each covers the counts up to its own
-    return "TABLE.update({\n" + "\n".join(k + "\n" + "\n".join(v) + "\n    )," for k, v in table.items()) + "\n})"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="conv benchmark helpers (the timing itself: customop bench --ops 'conv*')")
-    parser.add_argument("--sweep", action="store_true", help="time the routes and implicit-GEMM configs on this GPU")
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
-    args = parser.parse_args(argv)
-    if args.sweep:
-        print(sweep(getattr(torch, args.dtype)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
