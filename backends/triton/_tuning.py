@@ -112,7 +112,12 @@ ROW_TABLE: dict[str, tuple[tuple[int, int, int], ...]] = {
 #: programs per SM. Decode (<= 256 rows: one row per program, a latency-bound launch), mid sizes
 #: (<= 8192 rows) and prefill streaming each have their own rows so that a sweep result changes
 #: one class; the numbers are ROW_TABLE's until the ``rms`` sweep says otherwise. Wider rows loop.
+#: ``RMS_EVICT_MAX_ROWS``: the evict-first hint on x only up to this many rows. H200 sweep,
+#: 2026-12-01, bf16: without it rms_norm 32768 x 4096 / x 8192 took 131.7 / 257.6 us against
+#: 140.3 / 266.9 with it (liger 130.6, compile 250.4); at 1-4096 rows the hint was as fast or
+#: faster (1 x 4096: 1.42 us against 1.58).
 _INF = 1 << 62
+RMS_EVICT_MAX_ROWS: dict[str, int] = {"cuda": 8192}
 RMS_TABLE: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
     "cuda": (
         (256, 2048, 1, 4, 0), (256, 4096, 1, 8, 0), (256, 8192, 1, 16, 0), (256, 16384, 1, 16, 0),
@@ -233,7 +238,8 @@ def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int) -> RowConfig:
         if n_rows <= max_rows and width <= max_width:
             while block_m > 1 and _cdiv(n_rows, block_m) < 2 * sms:
                 block_m //= 2
-            return RowConfig(block_m, width, _warps(kind, warps), True, programs_per_sm=per_sm)
+            return RowConfig(block_m, width, _warps(kind, warps), True, programs_per_sm=per_sm,
+                             evict=n_rows <= _table(RMS_EVICT_MAX_ROWS, kind))
     chunk, warps = _table(LOOP_ROW, kind)
     return RowConfig(1, chunk, _warps(kind, warps), False)
 

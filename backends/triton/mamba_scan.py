@@ -236,12 +236,17 @@ _DECODE_OVERRIDE: list[DecodeConfig] = []
 
 def decode_config(head_dim: int, state_size: int) -> DecodeConfig:
     """The decode launch for a head of ``head_dim`` rows x ``state_size`` columns: the active
-    override, else (BLOCK_P, N) fp32 tiles of 2K values at 4 warps (16 x 128 for Mamba-2, 152
-    registers for sm_90 and no spills; 32 x 128 spilled)."""
+    override, else (BLOCK_P, N) fp32 tiles of 1K values at 4 warps (8 x 128 for Mamba-2) with
+    every code variant on (per-head scalars, unmasked tiles, 32-bit offsets, evict-first).
+    The H200 sweep (``--sweep-decode``, 2026-12-01, bf16 activations, fp32 state) chose it: at
+    batch 64 / 256, 1.16x / 1.13x the previous 16-row tiles without the variants (Mamba-2 2.7B)
+    and 1.21x / 1.14x (Nemotron-H); best or within 4% of the best config at every batch >= 16,
+    2.8 us at batch 1 (the best, 32 rows at 8 warps, 2.7)."""
     if _DECODE_OVERRIDE:
         return _DECODE_OVERRIDE[-1]
     block_n = max(16, next_pow2(state_size))
-    return DecodeConfig(block_p=max(1, min(next_pow2(head_dim), 2048 // block_n, 64)), num_warps=4)
+    return DecodeConfig(block_p=max(1, min(next_pow2(head_dim), 1024 // block_n, 64)), num_warps=4,
+                        per_head=True, unmasked=True, offsets32=True, evict_first=True)
 
 
 @contextlib.contextmanager

@@ -36,13 +36,13 @@ one-split-or-not, the merge once per power of two of the split count, whatever t
 gives wrong rows, never a wild access. 16-bit inputs feed the tensor cores; fp32 multiplies in
 full fp32 (IEEE, small tiles: the fp32 path is for correctness, not speed).
 
-The 16-bit CUDA tiles (64 heads, 32 positions, 8 warps, 2 stages on sm_90/sm_100) are chosen for
-Hopper's tensor cores (the three dots compile to wgmma) and shared memory; compiled for sm_90
-ahead of time they use 221 registers (255 in the one-split variant that writes the output)
-and 144 KB of shared memory, no spills
-(tests/backends/triton/test_mla_triton.py). They have not yet been run or timed on a GPU
-(tests/gpu/test_mla_cuda.py, benchmarks/specs/mla.py and its ``--sweep``); other GPUs keep small
-first-guess tiles, also never timed.
+The 16-bit CUDA tiles (64 heads, 64 positions, 8 warps, 2 stages on sm_90/sm_100) are chosen for
+Hopper's tensor cores (the three dots compile to wgmma) and shared memory, and picked by the H200
+sweep (2026-12-01, BENCHMARKS.md): DeepSeek-V3 shapes run 3.3-5x faster than the first 16-head
+kernel, but reach only 17-28% of the latent-cache read floor (b64 x 4096: 268 us; b1 x 32768:
+52 us; the targets, 70%, need a kernel that keeps the tensor cores fed while the next tile loads
+in a separate warp group, as FlashMLA does). The GPU tests (tests/gpu/test_mla_cuda.py) passed on
+the H200. Other GPUs keep small first-guess tiles, never timed.
 """
 
 from __future__ import annotations
@@ -216,10 +216,12 @@ def tiles(dtype: torch.dtype, heads: int, block_size: int, hopper: bool, hip: bo
     """The default configuration (``config`` without an override; ``hopper``: NVIDIA sm_90/sm_100).
 
     - 16-bit on Hopper: 64 heads per program (``q`` [64, 576] is the dots' A operand: wgmma's
-      M=64; an fp32 [64, 512] accumulator over 8 warps is 128 registers a thread), 32 positions a
-      tile (16 when the cache block size is a multiple of 16 but not of 32, so tiles stay inside
-      a block), 2 stages (``q`` and two [32, 576] cache tiles in shared memory: 144 KB of the
-      227 KB), about one program per SM over the grid (the tiles fill the shared memory);
+      M=64; an fp32 [64, 512] accumulator over 8 warps is 128 registers a thread), 64 positions a
+      tile when the cache block size is a multiple of 64, else 32 (16 when it is a multiple of 16
+      but not of 32, so tiles stay inside a block), 2 stages (``q`` and two [64, 576] cache tiles
+      in shared memory: 216 KB of the 227 KB), about one program per SM over the grid. Measured
+      on the H200 (``--sweep``, 2026-12-01): 64 positions beat 32 by 1.3-1.5x at every shape;
+      32 heads, 3 stages, or twice / half the splits were slower;
     - fewer heads: the next power of two (at least 16, tl.dot's minimum), 4 warps below 64;
     - fp32: 16 heads x 16 positions, 2 stages (IEEE fp32 multiplies, no tensor cores; one stage
       spills on sm_90), 2 programs per unit;
@@ -230,7 +232,9 @@ def tiles(dtype: torch.dtype, heads: int, block_size: int, hopper: bool, hip: bo
         return Config(16, 16, 4 if hip else 8, 2, 2.0)
     if hopper:
         fit = max(16, min(64, next_pow2(heads)))
-        return Config(fit, block_n, 8 if fit >= 64 else 4, 2, 1.0)
+        # 64 positions a tile where they stay inside a cache block: the H200 sweep's best at every
+        # DeepSeek-V3 shape (b64 x 4096: 268 us against 397 at 32 positions, 668 at 16)
+        return Config(fit, 64 if fit >= 64 and block_size % 64 == 0 else block_n, 8 if fit >= 64 else 4, 2, 1.0)
     return Config(16, block_n, 4 if hip else 8, 1, 2.0)
 
 

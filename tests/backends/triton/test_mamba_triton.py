@@ -213,15 +213,16 @@ def test_decode_configs_mamba1_form(cfg, poison_empty):
 
 
 def test_decode_config_default_and_override():
-    """The default is the launch the kernel had before the config (2K-value tiles, 4 warps); the
+    """The default is the H200 sweep's pick (1K-value tiles, 4 warps, every code variant on); the
     override nests and unwinds; 32-bit offsets only when they fit; bad values are refused."""
-    assert mamba_scan.decode_config(64, 128) == _DC(16, 4)
-    assert mamba_scan.decode_config(40, 16) == _DC(64, 4)
+    on = dict(per_head=True, unmasked=True, offsets32=True, evict_first=True)
+    assert mamba_scan.decode_config(64, 128) == _DC(8, 4, **on)
+    assert mamba_scan.decode_config(40, 16) == _DC(64, 4, **on)
     with mamba_scan.override_decode_config(_DC(2, 1)):
         with mamba_scan.override_decode_config(_DC(4, 2)):
             assert mamba_scan.decode_config(64, 128) == _DC(4, 2)
         assert mamba_scan.decode_config(64, 128) == _DC(2, 1)
-    assert mamba_scan.decode_config(64, 128) == _DC(16, 4)
+    assert mamba_scan.decode_config(64, 128) == _DC(8, 4, **on)
     assert mamba_scan.decode_meta(_DC(offsets32=True), 64, 128, True, offsets_fit_32=False)["OFF64"]
     assert mamba_scan.decode_meta(_DC(128, n_tiles=256), 64, 100, True, True) == dict(
         BLOCK_P=64, BLOCK_N=1, N_TILES=128, PER_HEAD=False, EVEN=False, OFF64=True, EVICT="")

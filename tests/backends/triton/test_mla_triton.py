@@ -110,7 +110,7 @@ def test_configs_match_float64_reference(case, dtype, poison_empty):
 
 def test_default_tiles():
     """The Hopper tiles for DeepSeek-V3 (128 heads, blocks of 64) and what changes them."""
-    assert kernel.tiles(torch.bfloat16, 128, 64, hopper=True) == kernel.Config(64, 32, 8, 2, 1.0)
+    assert kernel.tiles(torch.bfloat16, 128, 64, hopper=True) == kernel.Config(64, 64, 8, 2, 1.0)
     assert kernel.tiles(torch.bfloat16, 16, 64, hopper=True) == kernel.Config(16, 32, 4, 2, 1.0)  # TP8: 16 heads
     assert kernel.tiles(torch.bfloat16, 128, 16, hopper=True).block_n == 16  # stays inside a block
     assert kernel.tiles(torch.float32, 128, 64, hopper=True).block_h == 16
