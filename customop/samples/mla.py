@@ -95,6 +95,28 @@ class Batch:
         return torch.tensor(positions, device=device), hidden, cache.to(device), meta
 
 
+class OneRequest:
+    """One request of ``tokens`` tokens over the blocks [7, 2, 5] of a layer built like the
+    samples' (no q LoRA): ``step(cache, start, count, decode)`` runs ``forward_kernel`` on tokens
+    ``start .. start + count`` as one prefill or decode step, ``fresh()`` is an all-NaN cache.
+    For decode == prefill checks: the same hidden states stepped in different splits."""
+
+    def __init__(self, dtype: torch.dtype, tokens: int = 9, seed: int = 5):
+        self.op = MultiHeadLatentAttentionWrapper(**init_kwargs(build_modules(False, dtype), False))
+        self.dtype = dtype
+        self.hidden = randn(tokens, HIDDEN, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+        self.table = torch.tensor([[7, 2, 5]], dtype=torch.int32)
+
+    def fresh(self) -> torch.Tensor:
+        return torch.full((NUM_BLOCKS, BLOCK_SIZE, KV_RANK + ROPE), float("nan"), dtype=self.dtype)
+
+    def step(self, cache: torch.Tensor, start: int, count: int, decode: bool) -> torch.Tensor:
+        pos = torch.arange(start, start + count)
+        slots = self.table[0, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE
+        meta = MLAMetadata(slots, self.table, torch.tensor([start + count]), torch.tensor([0, count]), int(decode))
+        return self.op.forward_kernel(pos, self.hidden[start:start + count], cache, meta)
+
+
 BATCHES = (
     Batch("2 decodes + chunked prefill + prefill", ((13, 1), (6, 1), (5, 7), (0, 9)), 2),
     Batch("decode only, 1 to 3 blocks", ((3, 1), (11, 1), (0, 1)), 3),

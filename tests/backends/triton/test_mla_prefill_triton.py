@@ -21,9 +21,9 @@ import torch
 from customop.backends.triton import attention as attn
 from customop.backends.triton import mla as decode_kernel
 from customop.math import mla as mla_math
-from customop.math.mla import MLADims, MLAMetadata
+from customop.math.mla import MLADims
 from customop.ops.mla import MultiHeadLatentAttentionWrapper
-from customop.samples.mla import BATCHES, BLOCK_SIZE, Batch, build_modules, init_kwargs
+from customop.samples.mla import BATCHES, Batch, OneRequest, build_modules, init_kwargs
 from customop.testing import FLOAT_DTYPES, assert_close, randn
 from tests.backends.triton.conftest import as_cpu_kernel
 from tests.cases.mla import reference as layer_reference
@@ -187,23 +187,14 @@ def test_decode_equals_prefill_through_both_kernels(dtype):
     """One 9-token sequence: prefilled at once (the varlen route), or 5 tokens prefilled (the varlen
     route) then 4 decode steps (the decode kernel), or 5 prefilled, 3 as a chunked prefill (the
     spec's path) and 1 decode."""
-    op = MultiHeadLatentAttentionWrapper(**init_kwargs(build_modules(False, dtype), False))
-    hidden = randn(9, op.hidden_size, dtype=dtype, generator=torch.Generator().manual_seed(5))
-    table = torch.tensor([[7, 2, 5]], dtype=torch.int32)
-
-    def step(cache, start, count, decode):
-        pos = torch.arange(start, start + count)
-        slots = table[0, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE
-        meta = MLAMetadata(slots, table, torch.tensor([start + count]), torch.tensor([0, count]), int(decode))
-        return op.forward_kernel(pos, hidden[start:start + count], cache, meta)
-
-    fresh = lambda: torch.full((8, BLOCK_SIZE, op.kv_lora_rank + op.qk_rope_head_dim), float("nan"), dtype=dtype)  # noqa: E731
+    seq = OneRequest(dtype)
     with torch.no_grad(), both_kernels() as (prefill, decode):
-        whole = step(fresh(), 0, 9, decode=False)
-        cache = fresh()
-        parts = [step(cache, 0, 5, decode=False)] + [step(cache, t, 1, decode=True) for t in range(5, 9)]
-        cache = fresh()
-        chunked = [step(cache, 0, 5, decode=False), step(cache, 5, 3, decode=False), step(cache, 8, 1, decode=True)]
+        whole = seq.step(seq.fresh(), 0, 9, decode=False)
+        cache = seq.fresh()
+        parts = [seq.step(cache, 0, 5, decode=False)] + [seq.step(cache, t, 1, decode=True) for t in range(5, 9)]
+        cache = seq.fresh()
+        chunked = [seq.step(cache, 0, 5, decode=False), seq.step(cache, 5, 3, decode=False),
+                   seq.step(cache, 8, 1, decode=True)]
     assert len(prefill) == 3 and len(decode) == 5
     layer_close(torch.cat(parts).double(), whole.double(), dtype, "decode vs prefill")
     layer_close(torch.cat(chunked).double(), whole.double(), dtype, "chunked prefill vs prefill")

@@ -181,29 +181,17 @@ def test_layer_forward_kernel(dtype):
 
 
 def test_decode_equals_prefill_through_the_kernel():
-    from customop.math.mla import MLAMetadata
-    from customop.ops.mla import MultiHeadLatentAttentionWrapper
-    from customop.samples.mla import BLOCK_SIZE, build_modules, init_kwargs
+    from customop.samples.mla import OneRequest
 
     dtype = torch.float32
-    op = MultiHeadLatentAttentionWrapper(**init_kwargs(build_modules(False, dtype), False))
-    hidden = randn(9, op.hidden_size, dtype=dtype, generator=torch.Generator().manual_seed(5))
-    table = torch.tensor([[7, 2, 5]], dtype=torch.int32)
-
-    def step(cache, start, count, decode):
-        pos = torch.arange(start, start + count)
-        slots = table[0, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE
-        meta = MLAMetadata(slots, table, torch.tensor([start + count]), torch.tensor([0, count]), int(decode))
-        return op.forward_kernel(pos, hidden[start:start + count], cache, meta)
-
-    fresh = lambda: torch.full((8, BLOCK_SIZE, op.kv_lora_rank + op.qk_rope_head_dim), float("nan"), dtype=dtype)  # noqa: E731
+    seq = OneRequest(dtype)
     with torch.no_grad(), as_cpu_kernel("mla_decode", kernel.mla_decode) as calls:
-        whole = step(fresh(), 0, 9, decode=False)
-        cache = fresh()
-        parts = [step(cache, 0, 5, decode=False)] + [step(cache, t, 1, decode=True) for t in range(5, 9)]
+        whole = seq.step(seq.fresh(), 0, 9, decode=False)
+        cache = seq.fresh()
+        parts = [seq.step(cache, 0, 5, decode=False)] + [seq.step(cache, t, 1, decode=True) for t in range(5, 9)]
         # two decode tokens of one request in one step stay causal
-        cache2 = fresh()
-        two = [step(cache2, 0, 7, decode=False), step(cache2, 7, 2, decode=True)]
+        cache2 = seq.fresh()
+        two = [seq.step(cache2, 0, 7, decode=False), seq.step(cache2, 7, 2, decode=True)]
     assert len(calls) == 5
     assert_close(torch.cat(parts), whole, dtype, what="decode vs prefill")
     assert_close(torch.cat(two), whole, dtype, what="two decode tokens vs prefill")
