@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from customop.backends.cpu.compile_cache import EMULATE_CASTS, compiled, dynamic_ready, mark_dynamic_ready
+from customop.backends.cpu.exact_rounding import EXACT_ROUNDING_OPTIONS, compiled_form
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +41,9 @@ class CpuTiers:
             ``rows``): 1 for ``[..., hidden]``, 2 for ``[..., heads, head_size]``; a tensor of no
             more dims than this is all token dims (rotary's positions).
         emulate_casts: keep eager's intermediate roundings (Inductor otherwise fuses away a cast
-            that the spec rounds at, e.g. RMSNorm's cast to the weight dtype).
+            that the spec rounds at, e.g. RMSNorm's cast to the weight dtype). Specs with a form in
+            ``exact_rounding.py`` (the RMSNorm ones) compile that form, which rounds to bf16 in
+            fp32 arithmetic instead of through Inductor's slower emulated round trip.
     """
 
     min_numel: float
@@ -59,7 +62,10 @@ class CpuTiers:
         return dataclasses.replace(self, min_numel=numel, by_dtype={})
 
     def compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        return compiled(fn, **EMULATE_CASTS) if self.emulate_casts else compiled(fn)
+        if not self.emulate_casts:
+            return compiled(fn)
+        form = compiled_form(fn)  # the RMSNorm specs: the bf16 rounding in fp32 arithmetic
+        return compiled(fn, **EMULATE_CASTS) if form is fn else compiled(form, **EMULATE_CASTS, **EXACT_ROUNDING_OPTIONS)
 
 
 #: Set by ``warming_up()``: calls of two or more tokens take the compiled tier whatever their size

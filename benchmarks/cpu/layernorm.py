@@ -1,7 +1,7 @@
 """CPU timings of the norms family: eager native vs ``torch.compile(native)`` vs ``forward_cpu``.
 
     .venv/bin/python -m benchmarks.cpu.layernorm [--dtypes bf16,fp32] [--shapes 1x4096,...]
-        [--extra] [--layer] [--min-time 0.4] [--threads N] [--clock wall|cpu]
+        [--extra] [--layer] [--emulated-rounding] [--min-time 0.4] [--threads N] [--clock wall|cpu]
 
 ``--layer``: vLLM 0.33's layer norms and FusedRMSNormGated (layer_norm, nemotron_layer_norm
 with and without the fused add, fused_rms_norm_gated) at the ``--shapes`` instead of RMSNorm.
@@ -120,8 +120,14 @@ def main() -> None:
     parser.add_argument("--extra", action="store_true", help="also gemma_rms_norm and rms_norm_gated")
     parser.add_argument("--layer", action="store_true",
                         help="the layer norms and fused_rms_norm_gated instead of rms_norm")
+    parser.add_argument("--emulated-rounding", action="store_true",
+                        help="forward_cpu as before issue 18: bf16 RMSNorm's compiled tier compiles the spec "
+                             "with emulate_precision_casts instead of backends/cpu/exact_rounding.py")
     add_timing_args(parser)
     args = parser.parse_args()
+    if args.emulated_rounding:
+        from customop.backends.cpu import tiering
+        tiering.compiled_form = lambda fn: fn
     clock = start_run(args)
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
 
