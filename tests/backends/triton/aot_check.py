@@ -141,7 +141,9 @@ def cases():
     # the tile sweep's shapes with the code-generation knobs (no bounds checks, 32-bit offsets)
     for bn, warps in ((128, 1), (256, 1), (256, 2), (512, 2), (512, 4), (512, 8), (1024, 2), (1024, 4), (1024, 8),
                       (2048, 4), (2048, 8), (4096, 8)):
-        yield (f"and_mul silu even int32 1x{bn} w={warps}", act._and_mul_kernel, _AND_MUL_SIG,
+        # below 8 bf16 elements (16 bytes) a thread, no 16-byte access exists to compile to
+        narrow = " narrow-tile" if bn < 8 * 32 * warps else ""
+        yield (f"and_mul silu even int32 1x{bn} w={warps}{narrow}", act._and_mul_kernel, _AND_MUL_SIG,
                {"ACT": act.SILU.value, "BLOCK_M": 1, "BLOCK_N": bn, "EVEN": True, "INT64": False}, warps, ROW_ALIGNED)
     yield ("and_mul gelu even int32 1x1024", act._and_mul_kernel, _AND_MUL_SIG,
            {"ACT": act.GELU.value, "BLOCK_M": 1, "BLOCK_N": 1024, "EVEN": True, "INT64": False}, 2, ROW_ALIGNED)

@@ -62,7 +62,7 @@ def test_kernels_compile_for_h200_without_spills_and_with_wide_accesses(reports)
             continue
         if info["local_bytes"] or info["spill_bytes"] != 0:  # None: ptxas -v could not say
             problems.append(f"{label}: spills ({info['local_bytes']} B local, {info['spill_bytes']} B spilled)")
-        if "unaligned" in label:
+        if "unaligned" in label or "narrow-tile" in label:  # no 16-byte access to expect
             continue
         # every store 16 bytes wide; loads too, except at most two scalar ones (xielu's alphas)
         if info["st_v4"] != info["st"] or info["ld"] - info["ld_v4"] > 2:
