@@ -389,7 +389,11 @@ def test_openxla_fullgraph_compile_training(dev, calls):
         leaves = [leaf(t, device) for t in (x, w, z)]
         fn(*leaves).backward()
         grads.append(cpu([t.grad for t in leaves]))
-    check(grads[1], grads[0], "grads")
+    # w's gradient sums 7 rows of terms up to ~255 |x| (the loss weights): CPU and XLA add them in
+    # different orders, so the difference is bounded by the terms' size, not the (possibly near
+    # zero) sum's: 8 fp32 ulps of the largest gradient, not of each element
+    scale = max(g.abs().max().item() for g in grads[0])
+    assert_close(grads[1], grads[0], atol=2 ** -23 * 8 * scale, rtol=1e-5, what="grads")
     assert {"rms_norm_vjp", "rms_norm_gated_vjp"} <= set(calls)
 
 

@@ -97,7 +97,8 @@ def test_measured_limits_of_the_cpu_build():
     from tests.backends.xpu.conftest import real_ipex
 
     fns = real_ipex()[0].llm.functional
-    with pytest.raises(RuntimeError, match="Unsupported input type"):
+    # the message depends on the build's dispatch path: both are a refusal of the missing weight
+    with pytest.raises(RuntimeError, match="Unsupported input type|Expected a proper Tensor but got None"):
         fns.rms_norm(torch.randn(4, 32), None, 1e-6)  # no weight-less norm
     positions, query, key, cache = _rotary_case(torch.float32, 64, 32, True, True)
     cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
