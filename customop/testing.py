@@ -250,13 +250,44 @@ def run_conformance(op_cls: type, platform: Any = None, dtypes: Sequence[torch.d
 def _compare_once(op: Any, in_tree: type, sample: Sample, dtype: torch.dtype) -> tuple[float, str | None]:
     """(max error, failure or None) of ``op``'s resolved forward against the in-tree spec."""
     try:
+        got_args, want_args = _clone((sample.args, sample.kwargs)), _clone((sample.args, sample.kwargs))
         with torch.no_grad():  # inference ops; parameters must not drag autograd into the check
-            got = op(*_clone(sample.args), **_clone(sample.kwargs))
-            want = in_tree.forward_native(op, *_clone(sample.args), **_clone(sample.kwargs))
+            got = op(*got_args[0], **got_args[1])
+            want = in_tree.forward_native(op, *want_args[0], **want_args[1])
         (sample.compare or (lambda a, e, d: assert_close(a, e, d)))(got, want, dtype)
+        _compare_written(_tensors((sample.args, sample.kwargs)), _tensors(got_args), _tensors(want_args), dtype)
         return max_error(got, want), None
     except Exception as err:  # reported, not raised: the caller decides
         return float("nan"), f"{type(err).__name__}: {err}"
+
+
+def _tensors(value: Any) -> list[tuple[str, torch.Tensor]]:
+    """The tensors of nested args/kwargs, each with its place (``args[2]``, ``kwargs['cache']``)."""
+    args, kwargs = value
+    return ([(f"args[{i}]", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+            + [(f"kwargs[{k!r}]", v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)])
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equal (NaN poison included), for any dtype."""
+    flat = [t.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for t in (a, b)]
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(*flat)
+
+
+def _compare_written(original: list, got: list, want: list, dtype: torch.dtype) -> None:
+    """The inputs that the spec writes in place (state caches, in-place outputs) must end up the
+    same on the path under test, all of each tensor: a write to another request's or the padding
+    slot fails here. Inputs the spec leaves alone are not compared (a kernel may write its
+    documented in-place results into them, e.g. the fused residual add)."""
+    for (where, before), (_, g), (_, w) in zip(original, got, want):
+        if _same_bits(before, w):
+            continue
+        if w.is_floating_point():  # the tolerance of the call's dtype, relative to the tensor's scale
+            atol, rtol = tolerance(dtype)
+            scale = max(float(w.double().nan_to_num(0.0).abs().max()), 1.0)
+            assert_close(g, w, dtype, atol=atol * scale, rtol=rtol, what=f"{where} (written in place)")
+        else:
+            assert_close(g, w, what=f"{where} (written in place)")
 
 
 def assert_conforms(op_cls: type, platform: Any = None, dtypes: Sequence[torch.dtype] | None = None,

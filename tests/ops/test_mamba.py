@@ -144,3 +144,17 @@ def test_norm_cpu_compiled_tier(dtype):
 @pytest.mark.parametrize("cls", [MambaMixer, MambaMixer2, ShortConv, Mixer2RMSNormGated], ids=lambda c: c.__name__)
 def test_conforms_on_cpu(cls):
     assert_conforms(cls, platform="cpu")
+
+
+def test_conformance_catches_a_write_to_the_padding_slot():
+    """The conformance check compares the caches the spec writes, not only the output: a path that
+    returns the right output but also writes the padding slot (0) fails."""
+
+    class WritesSlotZero(ShortConv):
+        def forward_cpu(self, hidden_states, conv_state, metadata):
+            out = self.forward_native(hidden_states, conv_state, metadata)
+            conv_state[0].add_(1.0)
+            return out
+
+    with pytest.raises(AssertionError, match=r"args\[1\] \(written in place\)"):
+        assert_conforms(WritesSlotZero, platform="cpu", dtypes=[torch.float32])
