@@ -167,12 +167,22 @@ class MultiHeadLatentAttentionWrapper(CustomOp):
     def _layer(self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache: torch.Tensor | None,
                attn_metadata: MLAMetadata | None, llama_4_scaling: torch.Tensor | None,
                latent_decode: Any = None, varlen_attn: Any = None) -> torch.Tensor:
-        self.check_inputs(positions, hidden_states, kv_cache, attn_metadata)
+        compiling = torch.compiler.is_compiling()
+        # the batch checks read the metadata on the host: a traced graph cannot (the opaque op below
+        # then runs unchecked, as vLLM's attention backends do)
+        self.check_inputs(positions, hidden_states, kv_cache, None if compiling else attn_metadata)
         q, kv_c_normed, k_pe = self._qkv(positions, hidden_states)
         if llama_4_scaling is not None:
             q = q * llama_4_scaling
         if attn_metadata is None:  # vLLM's profile run: no cache, a zero attention output
             attn = q.new_zeros(q.shape[0], self.num_heads * self.v_head_dim)
+        elif compiling:  # the per-request walk as one node (customop::mla_attention)
+            m, d = attn_metadata, self.dims
+            attn = torch.ops.customop.mla_attention(
+                q, kv_c_normed, k_pe, kv_cache, m.slot_mapping, m.block_table, m.seq_lens, m.query_start_loc,
+                self.kv_b_proj.weight, m.num_decodes,
+                [d.num_heads, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim, d.kv_lora_rank], d.scale,
+                latent_decode is not None)
         else:
             attn = mla_attention(q, kv_c_normed, k_pe, kv_cache, attn_metadata, self.kv_b_proj.weight, self.dims,
                                  latent_decode, varlen_attn)

@@ -116,5 +116,34 @@ def test_bad_metadata_and_inputs():
         MultiHeadLatentAttentionWrapper(**init_kwargs(modules, True))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["forward_native", "forward_kernel"])
+def test_compiles_fullgraph_with_the_attention_as_one_node(path):
+    """Inside ``torch.compile(fullgraph=True)`` the per-request walk runs as the opaque
+    ``customop::mla_attention``: no graph break, the same output and cache rows as eager."""
+    op, positions, hidden, cache, meta = make(True, BATCHES[-1], torch.float32)
+    eager_cache, compiled_cache = cache.clone(), cache.clone()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = getattr(op, path)(positions, hidden, eager_cache, meta)
+        got = torch.compile(getattr(op, path), fullgraph=True, backend="aot_eager")(positions, hidden, compiled_cache,
+                                                                                     meta)
+    assert_close(got, want, torch.float32)
+    assert_close(compiled_cache, eager_cache, torch.float32, what="cache")  # NaN poison kept alike
+
+
+@pytest.mark.parametrize("use_kernels", [False, True])
+def test_opcheck_mla_attention(use_kernels):
+    op, positions, hidden, cache, meta = make(False, BATCHES[-1], torch.float32)
+    with torch.no_grad():
+        q, kv_c_normed, k_pe = op._qkv(positions, hidden)
+    d = op.dims
+    args = (q, kv_c_normed, k_pe, cache.nan_to_num(0.0), meta.slot_mapping, meta.block_table, meta.seq_lens,
+            meta.query_start_loc, op.kv_b_proj.weight.detach(), meta.num_decodes,
+            [d.num_heads, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim, d.kv_lora_rank], d.scale, use_kernels)
+    torch.library.opcheck(torch.ops.customop.mla_attention.default, args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
 def test_conforms():
     assert_conforms(MultiHeadLatentAttentionWrapper)
