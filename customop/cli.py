@@ -12,7 +12,7 @@ import customop
 from customop.backend_loader import BACKENDS
 from customop.config import get_config
 from customop.platforms import current_platform
-from customop.report import dispatch_report, format_table
+from customop.report import dispatch_report, format_table, moe_routes
 
 #: Weight holders (``has_forward = False``): no forward to run; the ops whose samples use them check them.
 _CHECKED_THROUGH = {"parallel_lm_head": "logits_processor"}
@@ -42,6 +42,10 @@ def cmd_info(_args: argparse.Namespace) -> int:
     table = [[r.op, r.op_class + (f" -> {r.replaced_by}" if r.replaced_by else ""),
               "on" if r.enabled else "off", r.runs] for r in report]
     print(format_table(["op", "class", "enabled", "runs"], table) if table else "(no ops registered)")
+    heading, routes = moe_routes(config, platform)
+    print(f"\nmoe routes ({heading}):")
+    if routes:
+        print(format_table(["shape", "tokens", "experts route"], routes))
     return 0
 
 

@@ -49,6 +49,52 @@ def dispatch_report(config: Config | None = None, platform: Platform | None = No
     return rows
 
 
+#: ``customop info``'s MoE shapes: (label, E, top_k, H, I), each at ``MOE_TOKENS`` tokens in bf16
+MOE_SHAPES = (("Mixtral-8x7B E8 k2 H4096 I14336", 8, 2, 4096, 14336),
+              ("Qwen3-30B-A3B E128 k8 H2048 I768", 128, 8, 2048, 768))
+MOE_TOKENS = (1, 256, 4096)
+_CPU_ROUTES = {"spec": "spec (fp32 loop over experts)", "per_expert": "per_expert (loop, GEMMs in the dtype)",
+               "grouped": "grouped (torch._grouped_mm, eager)",
+               "compiled": "compiled (torch.compile of the grouped form)"}
+
+
+def moe_routes(config: Config | None = None, platform: Platform | None = None) -> tuple[str, list[list[str]]]:
+    """The experts route ``fused_moe`` takes here for ``MOE_SHAPES`` (one rank, bf16): a heading
+    and ``[shape, tokens, route]`` rows. Reads ``customop/ops/moe/cpu.py``'s choice or the
+    Triton tuning table (``moe_tuning`` imports torch only); loads no backend."""
+    import torch
+
+    config = config or get_config()
+    platform = platform or current_platform()
+    row = next((r for r in dispatch_report(config, platform) if r.op == "fused_moe"), None)
+    if row is None:
+        return "fused_moe is not registered", []
+    method, dtype = row.runs, torch.bfloat16
+    heading = f"bf16, {method}" + (f", {row.replaced_by}" if row.replaced_by else "")
+    if row.replaced_by:
+        route = lambda *_: f"{row.replaced_by}'s own"  # noqa: E731
+    elif method == "forward_native":
+        heading += ", fused_moe disabled" if not row.enabled else ""
+        route = lambda *_: _CPU_ROUTES["spec"]  # noqa: E731
+    elif method == "forward_cpu":
+        from customop.ops.moe import cpu
+
+        route = lambda t, e, k, h, i: _CPU_ROUTES[cpu.route(t, h, i, k, dtype)]  # noqa: E731
+    elif platform.is_cuda_alike():
+        try:
+            from customop.backends.triton import moe_tuning
+        except ImportError as err:
+            return heading + f"; the Triton tuning table cannot load ({err})", []
+        device = torch.device("cuda")
+        route = lambda t, e, k, h, i: moe_tuning.route(device, t, e, i, h, k, dtype)  # noqa: E731
+    else:
+        kernel = {"xpu": "IPEX GatedMLPMOE where it applies, else the Triton kernels (xpu providers)",
+                  "tpu": "the Pallas grouped matmul (xla)"}.get(platform.name, "torch.ops.customop.fused_experts")
+        route = lambda *_: kernel  # noqa: E731
+    rows = [[label, str(t), route(t, e, k, h, i)] for label, e, k, h, i in MOE_SHAPES for t in MOE_TOKENS]
+    return heading, rows
+
+
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
     """A plain fixed-width table (no dependency on a table library)."""
     widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]

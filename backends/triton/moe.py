@@ -247,12 +247,6 @@ def _gemm(a, b, c, bias, weights, align, grid_m, cfg: moe_tuning.GemmConfig, blo
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def _grouped_mm_applies(x: torch.Tensor, hidden: int, inter: int) -> bool:
-    """torch._grouped_mm's CUDA kernel takes bf16 with 16-byte aligned rows on sm90+."""
-    return (hasattr(torch, "_grouped_mm") and x.device.type == "cuda" and x.dtype == torch.bfloat16
-            and hidden % 8 == 0 and inter % 8 == 0 and torch.cuda.get_device_capability(x.device) >= (9, 0))
-
-
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, expert_map: torch.Tensor | None, w13_bias: torch.Tensor | None,
                   w2_bias: torch.Tensor | None, activation: str, alpha: float, limit: float, beta: float,
@@ -265,7 +259,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     if tokens == 0:
         return out
     cfg = moe_tuning.config(x.device, tokens, n_local, inter, hidden, top_k, x.dtype)
-    if cfg.path == "grouped_mm" and _grouped_mm_applies(x, hidden, inter):
+    if cfg.path == "grouped_mm" and moe_tuning.grouped_mm_applies(x.device, x.dtype, hidden, inter):
         return _math.fused_experts_grouped(x, w13, w2, topk_weights, topk_ids, expert_map, w13_bias, w2_bias,
                                            activation, alpha, limit, beta, apply_router_weight_on_input)
     act = _ACT_CODES[activation]
@@ -276,7 +270,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     slots = tokens * top_k
     # sparse decode (every slot likely its own expert, no expert map): no alignment, one block
     # per slot (vLLM's shortcut, same condition)
-    naive = expert_map is None and slots * 4 <= n_local
+    naive = moe_tuning.sparse_decode(tokens, n_local, top_k, expert_map is not None)
     with device_guard(x.device):
         if naive:
             align, grid_m = (ids, ids, ids), slots

@@ -92,12 +92,45 @@ def config(device: torch.device, tokens: int, num_experts: int, n: int, k: int, 
            dtype: torch.dtype) -> MoEConfig:
     """The configuration a launch uses: an override (benchmarks, tests), the table's row, or
     ``default_config``."""
+    return lookup(device, tokens, num_experts, n, k, top_k, dtype)[0]
+
+
+def lookup(device: torch.device, tokens: int, num_experts: int, n: int, k: int, top_k: int,
+           dtype: torch.dtype) -> tuple[MoEConfig, str]:
+    """``config`` and where it came from: ``"override"``, ``"table"`` or ``"default"``."""
     if _override:
-        return _override[-1]
+        return _override[-1], "override"
     rows = TABLE.get((device_kind(device), num_experts, n, k, top_k, str(dtype).removeprefix("torch.")))
     if rows:
-        return next((cfg for max_tokens, cfg in rows if tokens <= max_tokens), rows[-1][1])
-    return default_config(tokens, num_experts, n, k, top_k, dtype)
+        return next((cfg for max_tokens, cfg in rows if tokens <= max_tokens), rows[-1][1]), "table"
+    return default_config(tokens, num_experts, n, k, top_k, dtype), "default"
+
+
+def grouped_mm_applies(device: torch.device, dtype: torch.dtype, hidden: int, inter: int) -> bool:
+    """torch._grouped_mm's CUDA kernel takes bf16 with 16-byte aligned rows on sm90+ (a
+    ``grouped_mm`` config falls back to the Triton route elsewhere)."""
+    return (hasattr(torch, "_grouped_mm") and device.type == "cuda" and dtype == torch.bfloat16
+            and hidden % 8 == 0 and inter % 8 == 0 and torch.cuda.get_device_capability(device) >= (9, 0))
+
+
+def sparse_decode(tokens: int, num_experts: int, top_k: int, has_map: bool) -> bool:
+    """The GEMMs' one-block-per-slot shortcut (every slot likely its own expert): no alignment."""
+    return not has_map and tokens * top_k * 4 <= num_experts
+
+
+def route(device: torch.device, tokens: int, num_experts: int, n: int, k: int, top_k: int,
+          dtype: torch.dtype, has_map: bool = False) -> str:
+    """What ``fused_experts`` runs for this shape, in words (``customop info``); reads only this
+    table, never triton (``torch.cuda`` only for a ``grouped_mm`` row's device check)."""
+    if tokens == 0:
+        return "none (no tokens)"
+    cfg, source = lookup(device, tokens, num_experts, n, k, top_k, dtype)
+    if cfg.path == "grouped_mm" and grouped_mm_applies(device, dtype, k, n):
+        return f"torch._grouped_mm ({source})"
+    g1, g2 = cfg.gemm1, cfg.gemm2
+    block = "sparse decode" if sparse_decode(tokens, num_experts, top_k, has_map) else f"block_m={cfg.block_m}"
+    return (f"triton {block}, gemm1 {g1.block_n}x{g1.block_k} w{g1.num_warps}, "
+            f"gemm2 {g2.block_n}x{g2.block_k} w{g2.num_warps} ({source})")
 
 
 @contextlib.contextmanager

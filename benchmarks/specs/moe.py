@@ -155,19 +155,30 @@ def tune(dtype: torch.dtype = torch.bfloat16, models: tuple[str, ...] = (), toke
             if tokens and shape.tokens not in tokens:
                 continue
             inputs = _inputs(shape, dtype, torch.device("cuda"))
-            timed = []
-            for cfg in moe_tuning.candidates(shape.tokens, shape.extra["experts"], shape.extra["top_k"]):
+            timed, failed = [], []
+            cands = moe_tuning.candidates(shape.tokens, shape.extra["experts"], shape.extra["top_k"])
+            for cfg in cands:
                 with moe_tuning.override(cfg):
                     try:
                         timed.append((time_graph([_customop(inputs)]), cfg))
                     except Exception as err:  # a config that fails to compile or launch is skipped
+                        failed.append(" ".join(f"{type(err).__name__}: {err}".split())[:160])
                         print(f"[tune] {shape.label} {cfg}: {type(err).__name__}", file=sys.stderr)
+            if not timed:  # no row: this token count takes the next row's config (default_config without one)
+                why = f"untuned: all {len(cands)} candidates failed"
+                why += f", the first with {failed[0]}" if failed else ""
+                print(f"[tune] {shape.label}: {why}", file=sys.stderr)
+                rows.append(f"        # T{shape.tokens}: {why}")
+                continue
             us, best = min(timed, key=lambda p: p[0])
             print(f"[tune] {shape.label}: {us:.1f} us {best}", file=sys.stderr)
             rows.append(f"        ({shape.tokens}, {best!r}),")
         e, k, h, i = MODELS[spec.name.split("[")[1].rstrip("]")]
-        out.append(f"    (\"cuda\", {e}, {i}, {h}, {k}, \"{str(dtype).removeprefix('torch.')}\"): (\n"
-                   + "\n".join(rows) + "\n    ),")
+        key = f"(\"cuda\", {e}, {i}, {h}, {k}, \"{str(dtype).removeprefix('torch.')}\")"
+        if not any(r.lstrip().startswith("(") for r in rows):  # no entry: the shape keeps default_config
+            out.append(f"    # {key}: no tuned row\n" + "\n".join(r.replace("        ", "    ", 1) for r in rows))
+            continue
+        out.append(f"    {key}: (\n" + "\n".join(rows) + "\n    ),")
     return "TABLE.update({\n" + "\n".join(out) + "\n})"
 
 

@@ -5,7 +5,8 @@
 - ``LAYERS``: ``FusedMoE`` variants: experts, top_k, hidden and intermediate sizes (non-multiples
   of 16 among them) and constructor arguments (activation, bias, expert map, routing).
 - ``TOKENS``: token counts per tier: ``"check"`` (``customop check``, ``assert_conforms``),
-  ``"small"`` (the paths emulated on a CPU, including 0 tokens), ``"real"`` (the GPU tier).
+  ``"small"`` (the paths emulated on a CPU, including 0 tokens), ``"real"`` (the GPU tier); a
+  layer case may replace a tier's counts (``LayerCase.tokens``, read through ``tier_tokens``).
 - ``REAL_LAYERS``: Mixtral-8x7B and Qwen3-30B-A3B, for the GPU tier.
 
 Inputs are fresh random values with margins: routing logits are a random permutation of a grid
@@ -115,6 +116,11 @@ class LayerCase:
     hidden: int
     intermediate: int
     init: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: this case's token counts per tier where they differ from ``TOKENS`` (``tier_tokens``)
+    tokens: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+
+    def tier_tokens(self, tier: str) -> tuple[int, ...]:
+        return self.tokens.get(tier, TOKENS[tier])
 
     def build(self, dtype: torch.dtype, **kwargs: Any) -> CustomOp:
         """The layer with uninitialised weights (``weights`` gives values)."""
@@ -165,6 +171,9 @@ LAYERS = (
     LayerCase("ep2 rank1 E8 k2", 8, 2, 64, 48, dict(ep_size=2, ep_rank=1)),
     LayerCase("ep3 rank0 round_robin E7 k3", 7, 3, 40, 24, dict(ep_size=3, ep_rank=0, expert_placement="round_robin")),
     LayerCase("k=E E4 k4", 4, 4, 32, 40),
+    # many experts, k8 (Qwen3-MoE's routing on small sizes): 64 and 300 tokens leave some experts
+    # empty and give others many rows; the interpreter tier runs it at 33 tokens only
+    LayerCase("silu E64 k8 H40 I24", 64, 8, 40, 24, tokens={"small": (0, 1, 7, 64, 300)}),
 )
 LAYERS_BY_LABEL = {c.label: c for c in LAYERS}
 

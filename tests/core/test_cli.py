@@ -41,6 +41,36 @@ def test_info_prints_every_section(two_ops, capsys, monkeypatch):
     assert " off " in native and native.endswith("forward_native")
 
 
+def test_info_prints_the_moe_routes(capsys, monkeypatch):
+    monkeypatch.setenv("CUSTOMOP_CUSTOM_OPS", "all")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("\nmoe routes (bf16, forward_cpu):"):]
+    rows = [line.split(None, 6) for line in section.splitlines() if line.startswith(("Mixtral", "Qwen3"))]
+    assert len(rows) == 6
+    # CPU: the eager grouped form below COMPILE_FROM_SLOTS slots, the compiled one from there
+    assert "Qwen3-30B-A3B E128 k8 H2048 I768  1 " in section
+    assert rows[3][5:] == ["1", "grouped (torch._grouped_mm, eager)"]
+    assert rows[4][5:6] == ["256"] and rows[4][6].startswith("compiled")
+    monkeypatch.setenv("CUSTOMOP_CUSTOM_OPS", "none")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "moe routes (bf16, forward_native, fused_moe disabled):" in out
+
+
+def test_moe_routes_on_cuda_read_the_tuning_table():
+    """The CUDA rows come from moe_tuning's table or default_config, without a GPU or triton."""
+    from customop.platforms import CudaPlatform
+    from customop.report import moe_routes
+
+    heading, rows = moe_routes(Config(custom_ops=["all"]), CudaPlatform())
+    assert heading == "bf16, forward_cuda"
+    routes = {(label.split()[0], int(tokens)): route for label, tokens, route in rows}
+    mixtral, qwen = routes["Mixtral-8x7B", 256], routes["Qwen3-30B-A3B", 1]
+    assert mixtral.startswith("triton block_m=128") and mixtral.endswith("(table)")
+    assert qwen.startswith("triton sparse decode") and qwen.endswith("(default)")
+
+
 def test_dispatch_report_resolves_fallbacks_and_replacements(two_ops):
     class Vendor(CustomOp.op_registry["cli_native"]):
         def forward_cpu(self, x=None):

@@ -14,11 +14,11 @@ from customop import Config, use_config
 from customop.math import moe as moe_math
 from customop.ops import moe
 from customop.ops.moe import cpu as moe_cpu
-from customop.samples.moe import DTYPES, LAYERS, LAYERS_BY_LABEL, TOKENS
+from customop.samples.moe import DTYPES, LAYERS, LAYERS_BY_LABEL
 from customop.testing import assert_conforms, assert_same_error
 from tests.cases import moe as ref
 
-PARAMS = [pytest.param(c, t, id=f"{c.label}-T{t}") for c in LAYERS for t in TOKENS["small"]]
+PARAMS = [pytest.param(c, t, id=f"{c.label}-T{t}") for c in LAYERS for t in c.tier_tokens("small")]
 
 
 def gen(*key) -> torch.Generator:
@@ -246,3 +246,35 @@ def test_align_block_size_layout():
     sorted_ids, expert_ids, total = moe_math.moe_align_block_size(ids, 4, 2, emap)
     assert total.tolist() == [8] and sorted_ids[:8].tolist() == [0, 2, 5, 6, 3, 6, 6, 6]
     assert expert_ids[:2].tolist() == [0, 1]
+
+
+def test_tune_reports_a_shape_whose_candidates_all_fail(monkeypatch, capsys):
+    """``benchmarks/specs/moe.py --tune`` with every candidate failing (stubbed: no GPU, no kernel
+    launch): the shape is reported untuned with the reason, not a crash on ``min([])``."""
+    import customop.backend_loader
+    import customop.benchmarks.runner_timing
+    from customop.benchmarks.specs import moe as moe_spec
+
+    def fail(_fns):
+        raise RuntimeError("out of resources")
+
+    monkeypatch.setattr(customop.backend_loader, "load_backend", lambda name: None)
+    monkeypatch.setattr(customop.benchmarks.runner_timing, "time_graph", fail)
+    monkeypatch.setattr(moe_spec, "_inputs", lambda shape, dtype, device: dict.fromkeys(
+        ("x", "w13", "w2", "topk_weights", "topk_ids")))
+    table = moe_spec.tune(models=("qwen3-30b-a3b",), tokens=(1,))
+    assert "# T1: untuned: all " in table and "RuntimeError: out of resources" in table
+    assert "): (" not in table  # no entry for a model without a tuned row
+    assert "qwen3-30b-a3b T1: untuned" in capsys.readouterr().err
+    # one candidate timing: the others' failures leave its row
+    times = iter([RuntimeError("x")] + [5.0] * 100)
+
+    def some(_fns):
+        t = next(times)
+        if isinstance(t, Exception):
+            raise t
+        return t
+
+    monkeypatch.setattr(customop.benchmarks.runner_timing, "time_graph", some)
+    table = moe_spec.tune(models=("qwen3-30b-a3b",), tokens=(1,))
+    assert "untuned" not in table and "(1, MoEConfig(" in table

@@ -81,7 +81,12 @@ FORMULATIONS = {"spec": _math.fused_experts, "per_expert": per_expert, "grouped"
 
 def grouped_applies(x: torch.Tensor, w2: torch.Tensor) -> bool:
     """``torch._grouped_mm`` wants rows of 16-byte multiples (H and I; fp16 checks it on CPU)."""
-    return (x.shape[1] * x.element_size()) % 16 == 0 and (w2.shape[2] * x.element_size()) % 16 == 0
+    return _aligned(x.shape[1], w2.shape[2], x.dtype)
+
+
+def _aligned(hidden: int, inter: int, dtype: torch.dtype) -> bool:
+    size = dtype.itemsize
+    return (hidden * size) % 16 == 0 and (inter * size) % 16 == 0
 
 
 def fused_experts(x, w13, w2, *args):
@@ -99,9 +104,15 @@ def fused_experts(x, w13, w2, *args):
 
 def choice(x: torch.Tensor, w2: torch.Tensor, top_k: int) -> str:
     """The formulation ``fused_experts`` runs for these inputs (outside ``torch.compile``)."""
-    name = CHOICE.get(x.dtype, "spec")
-    if name in ("grouped", "compiled") and not grouped_applies(x, w2):
+    return route(x.shape[0], x.shape[1], w2.shape[2], top_k, x.dtype)
+
+
+def route(tokens: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype) -> str:
+    """``choice`` from the shape alone (``customop info`` reports it without building tensors):
+    ``inter`` is the intermediate size per rank."""
+    name = CHOICE.get(dtype, "spec")
+    if name in ("grouped", "compiled") and not _aligned(hidden, inter, dtype):
         return "per_expert"
-    if name == "compiled" and x.shape[0] * top_k < COMPILE_FROM_SLOTS:
+    if name == "compiled" and tokens * top_k < COMPILE_FROM_SLOTS:
         return "grouped"
     return name
