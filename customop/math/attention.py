@@ -89,16 +89,25 @@ def get_rel_pos(q_size: int, k_size: int, rel_pos: torch.Tensor) -> torch.Tensor
     return rel_pos[offsets.long()]
 
 
+def decomposed_rel_pos_terms(q: torch.Tensor, rel_pos_h: torch.Tensor, rel_pos_w: torch.Tensor,
+                             height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two terms of the bias of ``q`` (``[N, H * W, C]``, unscaled): ``rel_h[n, h, w, kh] =
+    q[n, h, w] . Rh[h, kh]`` (``[N, H, W, H]``) and ``rel_w[n, h, w, kw] = q[n, h, w] . Rw[w, kw]``
+    (``[N, H, W, W]``), in q's dtype."""
+    n, _, c = q.shape
+    r_q = q.reshape(n, height, width, c)
+    rel_h = torch.einsum("bhwc,hkc->bhwk", r_q, get_rel_pos(height, height, rel_pos_h))
+    rel_w = torch.einsum("bhwc,wkc->bhwk", r_q, get_rel_pos(width, width, rel_pos_w))
+    return rel_h, rel_w
+
+
 def decomposed_rel_pos_bias(q: torch.Tensor, rel_pos_h: torch.Tensor, rel_pos_w: torch.Tensor,
                             height: int, width: int) -> torch.Tensor:
     """The additive attention bias of ``q`` (``[N, H * W, C]``, unscaled) over an ``H x W`` grid of
     keys: ``bias[n, (h, w), (kh, kw)] = q[n, h, w] . Rh[h, kh] + q[n, h, w] . Rw[w, kw]``, as
     ``[N, H * W, H * W]`` in q's dtype."""
-    n, _, c = q.shape
-    r_q = q.reshape(n, height, width, c)
-    rel_h = torch.einsum("bhwc,hkc->bhwk", r_q, get_rel_pos(height, height, rel_pos_h))
-    rel_w = torch.einsum("bhwc,wkc->bhwk", r_q, get_rel_pos(width, width, rel_pos_w))
-    return (rel_h[..., :, None] + rel_w[..., None, :]).reshape(n, height * width, height * width)
+    rel_h, rel_w = decomposed_rel_pos_terms(q, rel_pos_h, rel_pos_w, height, width)
+    return (rel_h[..., :, None] + rel_w[..., None, :]).reshape(q.shape[0], height * width, height * width)
 
 
 def rel_pos_attention(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None,
@@ -117,5 +126,48 @@ def rel_pos_attention(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch
         flat = q.reshape(batch * num_heads, tokens, -1)
         bias = decomposed_rel_pos_bias(flat, rel_pos_h, rel_pos_w, height, width).view(batch, num_heads, tokens, tokens)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    out = out.view(batch, num_heads, height, width, -1).permute(0, 2, 3, 1, 4).reshape(batch, height, width, -1)
+    return F.linear(out, proj_weight, proj_bias)
+
+
+def rel_pos_attention_blocked(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None,
+                              proj_weight: torch.Tensor, proj_bias: torch.Tensor | None, num_heads: int,
+                              rel_pos_h: torch.Tensor | None = None, rel_pos_w: torch.Tensor | None = None,
+                              block: int = 1 << 22) -> torch.Tensor:
+    """``rel_pos_attention``'s arithmetic (every value the spec computes, computed the same way),
+    with the bias built contiguous and in blocks of at most ``block`` entries, one SDPA per block.
+
+    The spec's bias comes out of the broadcast add in the (permuted) layout of its terms, so its
+    ``reshape`` copies all ``B * heads * (H * W) ** 2`` entries once more, and both full-size
+    tensors are fresh memory on every call (page faults on the CPU: 800 MB per 64 x 64 fp32 image).
+    Here the terms are made contiguous first (``B * heads * H * W * (H + W)`` entries), and each
+    block of query rows (whole images, else groups of heads, else grid rows of queries) gets its
+    own slice of the bias, built right before its SDPA call reads it. Query rows are independent
+    in attention, so blocking changes no formula: one block is bitwise the spec; several may round
+    differently in the last bit where SDPA's kernel blocks a shorter query run differently (seen
+    at fp32/fp16 toy sizes; bitwise at the SAM shapes of benchmarks/results/cpu_rel_pos.md)."""
+    batch, height, width, _ = x.shape
+    tokens = height * width
+    qkv = F.linear(x, qkv_weight, qkv_bias).reshape(batch, tokens, 3, num_heads, -1).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)  # [B, heads, H * W, head_dim]
+    if rel_pos_h is None:
+        out = F.scaled_dot_product_attention(q, k, v)
+    else:
+        flat = q.reshape(batch * num_heads, tokens, -1)
+        rel_h, rel_w = (t.contiguous().view(batch, num_heads, height, width, -1)
+                        for t in decomposed_rel_pos_terms(flat, rel_pos_h, rel_pos_w, height, width))
+        per_row = max(1, width * tokens)  # bias entries of one grid row of queries, one head
+        rows = min(height, max(1, block // per_row))
+        heads = min(num_heads, max(1, block // (rows * per_row))) if rows == height else 1
+        images = min(batch, max(1, block // (num_heads * height * per_row))) if heads == num_heads else 1
+        # SDPA's output layout ([B, H * W, heads, C] in memory), so the permute below is a view
+        out = q.new_empty(batch, tokens, num_heads, q.shape[-1]).transpose(1, 2)
+        for b in range(0, batch, images):
+            for h in range(0, num_heads, heads):
+                for r in range(0, height, rows):
+                    i, j, s = slice(b, b + images), slice(h, h + heads), slice(r * width, (r + rows) * width)
+                    bias = rel_h[i, j, r:r + rows, :, :, None] + rel_w[i, j, r:r + rows, :, None, :]
+                    bias = bias.reshape(*bias.shape[:2], -1, tokens)  # a view: the add's output is contiguous
+                    out[i, j, s] = F.scaled_dot_product_attention(q[i, j, s], k[i, j], v[i, j], attn_mask=bias)
     out = out.view(batch, num_heads, height, width, -1).permute(0, 2, 3, 1, 4).reshape(batch, height, width, -1)
     return F.linear(out, proj_weight, proj_bias)

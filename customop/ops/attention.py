@@ -1,6 +1,6 @@
 """Attention: ``MMEncoderAttention`` (``mm_encoder_attn``), the multimodal encoder's attention with
 vLLM 0.33's constructor and call; and ``RelPosAttention`` (``rel_pos_attention``, at the end), SAM's
-attention with decomposed relative positions (its spec on every platform so far).
+attention with decomposed relative positions (every forward but the spec runs its blocked form).
 
 Bidirectional attention without a KV cache over packed sequences: ``cu_seqlens`` marks the
 segments (images, windows) of the sequence dim, and attention never crosses a segment (docs/attention.md).
@@ -23,6 +23,7 @@ from customop.backends.cpu.attention import encoder_attention_by_runs
 from customop.config import get_config
 from customop.custom_op import CustomOp
 from customop.math.attention import encoder_attention, rel_pos_attention, segment_lengths  # noqa: F401  (the spec)
+from customop.math.attention import rel_pos_attention_blocked
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OP = "customop.mm_encoder_attn"
@@ -227,9 +228,17 @@ class RelPosAttention(CustomOp):
     ``forward(x)``: ``[B, H, W, dim]`` -> ``[B, H, W, dim]`` (``customop.math.attention.rel_pos_attention``).
     With ``use_rel_pos`` the position tables are ``[2 * input_size[i] - 1, head_dim]`` (zeros until
     loaded); a grid of another size interpolates them. ``use_triton_attention`` and
-    ``rel_pos_zero_init`` are accepted for vLLM's signature and have no effect: every platform runs
-    the spec (no fused kernel yet). ``params_dtype`` (customop's) sets the parameters' dtype.
+    ``rel_pos_zero_init`` are accepted for vLLM's signature and have no effect (no fused kernel).
+    ``params_dtype`` (customop's) sets the parameters' dtype.
+
+    Paths: ``forward_native`` runs the spec; ``forward_cpu = forward_cuda = forward_xpu =
+    forward_tpu`` call ``forward_kernel``, the spec's arithmetic with the bias built contiguous
+    and ``bias_block[device type]`` entries at a time (``rel_pos_attention_blocked``).
     """
+
+    #: bias entries per SDPA call of ``forward_kernel`` by device type; others build it in one block.
+    #: cpu: measured, benchmarks/results/cpu_rel_pos.md (blocks of 1M-4M entries tied as the best).
+    bias_block: dict[str, int] = {"cpu": 1 << 22}
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, use_rel_pos: bool = False,
                  use_triton_attention: bool = False, rel_pos_zero_init: bool = True,
@@ -267,6 +276,22 @@ class RelPosAttention(CustomOp):
         self.check_input(x)
         return rel_pos_attention(x, self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias, self.num_heads,
                                  self.rel_pos_h, self.rel_pos_w)
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_kernel(x)
+
+    def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_kernel(x)
+
+    forward_xpu = forward_tpu = forward_cuda
+
+    def forward_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """What every platform's forward shares: the checks, then the blocked form (plain torch:
+        it runs on any device, and autograd records through it)."""
+        self.check_input(x)
+        block = self.bias_block.get(x.device.type, x.shape[0] * self.num_heads * (x.shape[1] * x.shape[2]) ** 2)
+        return rel_pos_attention_blocked(x, self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias,
+                                         self.num_heads, self.rel_pos_h, self.rel_pos_w, block=block)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, use_rel_pos={self.use_rel_pos}"

@@ -174,7 +174,12 @@ REL_POS_CASES = (
                {"check": ((1, 8, 8, 64),), "small": ((2, 8, 8, 64),)}),
     # 6 x 10 on tables for 8 x 8: the height table shrinks (15 -> 11 rows), the width one grows (15 -> 19)
     RelPosCase("rel_pos interpolated", {"dim": 64, "num_heads": 4, "use_rel_pos": True, "input_size": (8, 8)},
-               {"check": ((1, 6, 10, 64),), "small": ((1, 6, 10, 64), (1, 1, 7, 64))}),
+               {"check": ((1, 6, 10, 64),), "small": ((1, 6, 10, 64), (1, 1, 7, 64), (2, 7, 5, 64), (1, 1, 1, 64))}),
+    # odd grids on their own tables (no interpolation): 7 x 5, and one token on 1-row tables
+    RelPosCase("rel_pos 7x5", {"dim": 64, "num_heads": 4, "use_rel_pos": True, "input_size": (7, 5)},
+               {"check": ((1, 7, 5, 64),), "small": ((2, 7, 5, 64),)}),
+    RelPosCase("rel_pos 1x1", {"dim": 32, "num_heads": 2, "use_rel_pos": True, "input_size": (1, 1)},
+               {"check": ((1, 1, 1, 32),), "small": ((2, 1, 1, 32),)}),
     RelPosCase("rel_pos no qkv bias", {"dim": 32, "num_heads": 2, "qkv_bias": False, "use_rel_pos": True,
                                        "input_size": (4, 6)}, {"check": ((1, 4, 6, 32),), "small": ((3, 4, 6, 32),)}),
     RelPosCase("plain", {"dim": 48, "num_heads": 3}, {"check": ((2, 4, 7, 48),), "small": ((2, 4, 7, 48), (1, 1, 1, 48))}),

@@ -1,8 +1,8 @@
 """``rel_pos_attention`` (SAM/ViTDet attention with decomposed relative positions): every case of
-its table (``customop/samples/attention.py``) on forward_native and forward_cpu against a float64
-reference built on an explicit ``[H*W, H*W]`` bias (``tests/cases/attention.py``), the table
-interpolation, loading vLLM/SAM parameter names, bad inputs, torch.compile and conformance. Every
-platform runs the spec so far (docs/attention.md)."""
+its table (``customop/samples/attention.py``) on forward_native, forward_cpu and forward_cuda against
+a float64 reference built on an explicit ``[H*W, H*W]`` bias (``tests/cases/attention.py``), the
+blocked form of forward_kernel at every blocking level, the table interpolation, loading vLLM/SAM
+parameter names, bad inputs, torch.compile and conformance (docs/attention.md)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tests.cases.attention import ref_rel_pos_attention, ref_resize
 
 PARAMS = [pytest.param(c, s, id=f"{c.label}-{'x'.join(map(str, s))}") for c in REL_POS_CASES for s in c.shapes["small"]]
 GEN = lambda seed=0: torch.Generator().manual_seed(seed)  # noqa: E731
+CASE = {c.label: c for c in REL_POS_CASES}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -31,6 +32,48 @@ def test_matches_float64_reference(case, shape, path, dtype):
     got = getattr(op, path)(x)
     assert got.dtype == dtype and got.shape == x.shape
     assert_close(got, ref_rel_pos_attention(op, x), dtype, what=case.label)
+
+
+def _blocks(shape, heads):
+    """Block sizes (bias entries) that make forward_kernel split at each level, remainders included,
+    for a ``[B, H, W, dim]`` input: one grid row per call, 3 rows, 3 heads, 2 images, one call."""
+    batch, height, width, _ = shape
+    row = width * height * width
+    return {"row": 1, "3 rows": 3 * row, "3 heads": 3 * height * row, "2 images": 2 * heads * height * row,
+            "one": batch * heads * height * row}
+
+
+BLOCKED = [pytest.param(label, (3, 7, 5, 64), level, id=f"{label}-{level}")
+           for label in ("rel_pos 7x5", "rel_pos interpolated") for level in _blocks((3, 7, 5, 64), 4)]
+BLOCKED.append(pytest.param("plain", (3, 7, 5, 48), "one", id="plain-one"))  # no bias: nothing to block
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("label,shape,level", BLOCKED)
+def test_blocked_kernel_matches_float64_reference(label, shape, level, dtype, monkeypatch):
+    """forward_kernel (what forward_cpu and forward_cuda run) split into blocks of query rows at every
+    level: grid rows, groups of heads, groups of images; 7 x 5 on its own tables and on 8 x 8 ones."""
+    case = CASE[label]
+    with use_config(Config(custom_ops=["all"])):
+        op = case.build(dtype, generator=GEN())
+    monkeypatch.setitem(RelPosAttention.bias_block, "cpu", _blocks(shape, op.num_heads)[level])
+    x = randn(*shape, dtype=dtype, generator=GEN(1))
+    for path in ("forward_cpu", "forward_cuda", "forward_kernel"):
+        got = getattr(op, path)(x)
+        assert got.dtype == dtype and got.shape == x.shape
+        assert_close(got, ref_rel_pos_attention(op, x), dtype, what=f"{label} {path} {level}")
+
+
+def test_blocked_kernel_records_autograd(monkeypatch):
+    case = CASE["rel_pos interpolated"]
+    op = case.build(torch.float32, generator=GEN()).requires_grad_(True)
+    monkeypatch.setitem(RelPosAttention.bias_block, "cpu", _blocks((2, 7, 5, 64), 4)["3 rows"])
+    x = randn(2, 7, 5, 64, generator=GEN(1)).requires_grad_(True)
+    wrt = (x, op.qkv.weight, op.rel_pos_h, op.rel_pos_w)
+    got = torch.autograd.grad(op.forward_kernel(x).square().sum(), wrt)
+    want = torch.autograd.grad(op.forward_native(x).square().sum(), wrt)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("length,target", [(15, 11), (15, 19), (7, 7), (3, 1)])
@@ -65,7 +108,7 @@ def test_bad_arguments_and_inputs():
     with pytest.raises(ValueError, match="use_rel_pos needs input_size"):
         RelPosAttention(64, 4, use_rel_pos=True)
     op = RelPosAttention(64, 4)
-    paths = ["forward_native", "forward_cpu"]
+    paths = ["forward_native", "forward_cpu", "forward_cuda", "forward_kernel"]
     for x, error, match in ((randn(2, 16, 64), ValueError, r"x has shape \(2, 16, 64\), expected \[batch, height, width, 64\]"),
                             (randn(1, 4, 4, 32), ValueError, "x has shape"),
                             (randn(1, 4, 4, 64, dtype=torch.bfloat16), TypeError, "x has dtype torch.bfloat16"),
@@ -82,6 +125,20 @@ def test_compiles_fullgraph():
     counter = torch._dynamo.testing.CompileCounter()
     got = torch.compile(op, backend=counter, fullgraph=True)(x)
     assert_close(got, ref_rel_pos_attention(op, x), torch.float32)
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("dtype,level", [(torch.float32, "3 rows"), (torch.bfloat16, "one")], ids=str)
+def test_blocked_kernel_compiles_fullgraph_under_inductor(dtype, level, monkeypatch):
+    """The op dispatching to forward_cpu (the blocked form) in one Inductor graph, 7 x 5 on 8 x 8 tables."""
+    with use_config(Config(custom_ops=["all"])):
+        op = CASE["rel_pos interpolated"].build(dtype, generator=GEN())
+    assert op.forward_method_name == "forward_cpu"
+    monkeypatch.setitem(RelPosAttention.bias_block, "cpu", _blocks((2, 7, 5, 64), 4)[level])
+    x = randn(2, 7, 5, 64, dtype=dtype, generator=GEN(1))
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    got = torch.compile(op, backend=counter, fullgraph=True)(x)
+    assert_close(got, ref_rel_pos_attention(op, x), dtype)
     assert counter.frame_count == 1
 
 
