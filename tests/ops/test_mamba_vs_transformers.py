@@ -4,10 +4,14 @@ op through its ``weight_loader``s (the checkpoint's names and layouts; only ``A_
 ``A``, whose loader takes ``-exp``).
 
 The batch is a varlen prefill of two requests for customop (``query_start_loc``); transformers runs
-each request alone (batch 1, no padding mask) with its own cache. Compared in fp32: the outputs
-and the final conv and SSM states (transformers keeps ``K`` conv columns, customop ``K - 1``:
-the last ``K - 1`` are compared). A second test continues the same requests with a second prefill
-chunk (``has_initial_state``) and one decode token, against transformers continuing from its cache.
+each request alone (batch 1, no padding mask) with its own cache. Compared in fp32, and for
+``ShortConv`` in float64 too: the outputs and the final conv and SSM states (transformers keeps
+``K`` conv columns, customop ``K - 1``: the last ``K - 1`` are compared). A second test continues
+the same requests with a second prefill chunk (``has_initial_state``) and one decode token, against
+transformers continuing from its cache. No float64 run of ``Mamba2Mixer``: transformers accepts
+float64 there, but its torch path computes the gated norm and the chunked scan in fp32
+(``.float()``, ``.to(torch.float32)``) and keeps the SSM state in fp32, so it agrees only to fp32
+precision (about 1e-7 relative); ``Lfm2ShortConv`` has no such casts and agrees to about 1e-16.
 
 Semantics checked to agree (so no tolerance is loosened): the gated norm normalises per group of
 ``intermediate_size / n_groups`` lanes after the ``silu(gate)`` product in both (vLLM 0.33's
@@ -37,15 +41,18 @@ from customop.ops.mamba import MambaMetadata, MambaMixer2, ShortConv  # noqa: E4
 PATHS = ["forward_native", "forward_cpu", "forward_kernel"]
 LENS = (37, 2)
 SLOTS = (2, 1)  # slot 0 is the null block; one slot per request
-RTOL = 1e-5  # relative to the largest magnitude of the expected tensor
+#: per dtype of the compared tensor, relative to the largest magnitude of the expected one
+RTOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     assert got.shape == expected.shape, f"{what}: shape {tuple(got.shape)} != {tuple(expected.shape)}"
     assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    assert got.dtype == expected.dtype, f"{what}: dtype {got.dtype} != {expected.dtype}"
+    rtol = RTOL[got.dtype]
     scale = expected.abs().max().item()
     err = (got - expected).abs().max().item()
-    assert err <= RTOL * max(scale, 1e-6), f"{what}: max |diff| {err:.3g} > {RTOL} x max |expected| {scale:.3g}"
+    assert err <= rtol * max(scale, 1e-6), f"{what}: max |diff| {err:.3g} > {rtol} x max |expected| {scale:.3g}"
 
 
 def _hf_cache():
@@ -92,9 +99,9 @@ def _load(op: torch.nn.Module, hf: torch.nn.Module, renames: dict[str, str]) -> 
     assert not missing, f"customop parameters with no transformers counterpart: {sorted(missing)}"
 
 
-def _poisoned_caches(op, n_slots: int) -> list[torch.Tensor]:
-    """fp32 caches full of NaN: prefills without an initial state must not read them."""
-    return [torch.full((n_slots, *shape), float("nan")) for shape in op.get_state_shape()]
+def _poisoned_caches(op, n_slots: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Caches full of NaN: prefills without an initial state must not read them."""
+    return [torch.full((n_slots, *shape), float("nan"), dtype=dtype) for shape in op.get_state_shape()]
 
 
 def _hf_conv_state(cache) -> torch.Tensor:
@@ -184,25 +191,26 @@ def test_mamba_mixer2_continues_like_transformers(path):
 # ---- LFM2 short conv ------------------------------------------------------------------------------
 
 
-def _short_conv_pair(seed: int = 0):
+def _short_conv_pair(seed: int = 0, dtype: torch.dtype = torch.float32):
     from transformers.models.lfm2.modeling_lfm2 import Lfm2ShortConv
 
     config = transformers.Lfm2Config(hidden_size=12, conv_L_cache=3, conv_bias=True, num_hidden_layers=1,
                                      layer_types=["conv"], num_attention_heads=2, num_key_value_heads=1,
                                      intermediate_size=16, vocab_size=32)
-    hf = Lfm2ShortConv(config, layer_idx=0).eval()
+    hf = Lfm2ShortConv(config, layer_idx=0).eval().to(dtype)
     _randomise(hf, torch.Generator().manual_seed(seed))
     with use_config(Config(custom_ops=["all"])):
-        op = ShortConv(config, dim=config.hidden_size, layer_idx=0, params_dtype=torch.float32)
+        op = ShortConv(config, dim=config.hidden_size, layer_idx=0, params_dtype=dtype)
     _load(op, hf, {})
     return config, hf, op
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("path", PATHS)
-def test_short_conv_prefill_matches_transformers(path):
-    config, hf, op = _short_conv_pair()
-    h = torch.randn(sum(LENS), config.hidden_size, generator=torch.Generator().manual_seed(1))
-    (conv_cache,) = _poisoned_caches(op, 3)
+def test_short_conv_prefill_matches_transformers(path, dtype):
+    config, hf, op = _short_conv_pair(dtype=dtype)
+    h = torch.randn(sum(LENS), config.hidden_size, generator=torch.Generator().manual_seed(1)).to(dtype)
+    (conv_cache,) = _poisoned_caches(op, 3, dtype)
     meta = MambaMetadata.build(prefill_lens=LENS, prefill_slots=SLOTS, has_initial_state=(False, False))
     with torch.no_grad():
         out = getattr(op, path)(h, conv_cache, meta)
@@ -214,14 +222,15 @@ def test_short_conv_prefill_matches_transformers(path):
             _check_conv_state(conv_cache, slot, cache, config.conv_L_cache, what)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("path", PATHS)
-def test_short_conv_continues_like_transformers(path):
-    config, hf, op = _short_conv_pair(seed=2)
+def test_short_conv_continues_like_transformers(path, dtype):
+    config, hf, op = _short_conv_pair(seed=2, dtype=dtype)
     gen = torch.Generator().manual_seed(3)
     first, second = (4, 1), (3, 5)
-    parts = [torch.randn(sum(lens), config.hidden_size, generator=gen) for lens in (first, second)]
-    step = torch.randn(2, config.hidden_size, generator=gen)
-    (conv_cache,) = _poisoned_caches(op, 3)
+    parts = [torch.randn(sum(lens), config.hidden_size, generator=gen).to(dtype) for lens in (first, second)]
+    step = torch.randn(2, config.hidden_size, generator=gen).to(dtype)
+    (conv_cache,) = _poisoned_caches(op, 3, dtype)
     with torch.no_grad():
         op.forward_native(parts[0], conv_cache, MambaMetadata.build(prefill_lens=first, prefill_slots=SLOTS,
                                                                     has_initial_state=(False, False)))
