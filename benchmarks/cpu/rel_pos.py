@@ -1,7 +1,7 @@
 """CPU timings of SAM attention with decomposed relative positions (``rel_pos_attention``): the spec
 (``forward_native``: the whole ``[B, heads, H*W, H*W]`` bias, then one SDPA) vs ``forward_cpu``
-(``forward_kernel``: the bias built contiguous, a block of entries per SDPA call), plus the blocked
-form at other block sizes.
+(``forward_kernel``: the bias built contiguous, a block of entries per SDPA call) vs
+``torch.compile(forward_native)`` (static shapes), plus the blocked form at other block sizes.
 
     .venv/bin/python -m benchmarks.cpu.rel_pos [--dtypes fp32,bf16] [--heads 12x64]
         [--grids 1x14x14,25x14x14,1x64x64] [--blocks 20,24,all] [--min-time 0.4] [--threads N]
@@ -52,10 +52,10 @@ def main() -> None:
     blocks = [b for b in args.blocks.split(",") if b]
     print(f"forward_cpu's block: 2^{RelPosAttention.bias_block['cpu'].bit_length() - 1} entries")
     print()
-    print("| dtype | heads | grid | spec = forward_native (ms) | forward_cpu (ms) | "
+    print("| dtype | heads | grid | spec = forward_native (ms) | forward_cpu (ms) | compile (ms) | "
           + "".join(f"block 2^{b} (ms) | " if b != "all" else "one block (ms) | " for b in blocks)
-          + "forward_cpu x |")
-    print("|---|---|---|---:|---:|" + "---:|" * len(blocks) + "---:|")
+          + "forward_cpu x spec | forward_cpu x compile |")
+    print("|---|---|---|---:|---:|---:|" + "---:|" * len(blocks) + "---:|---:|")
     cell = lambda m, same: f"{m[0] / 1e3:.1f} / {m[1] / 1e3:.1f}{' =' if same else ''}"  # noqa: E731
     with torch.no_grad():
         for dtype_name in args.dtypes.split(","):
@@ -67,7 +67,8 @@ def main() -> None:
                 x = torch.randn(batch, height, width, h * d).to(dtype)
                 params = (op.qkv.weight, op.qkv.bias, op.proj.weight, op.proj.bias, op.num_heads, op.rel_pos_h,
                           op.rel_pos_w)
-                paths = [lambda: op.forward_native(x), lambda: op.forward_cpu(x)]
+                compiled = torch.compile(op.forward_native, dynamic=False)
+                paths = [lambda: op.forward_native(x), lambda: op.forward_cpu(x), lambda: compiled(x)]
                 for b in blocks:
                     size = batch * h * (height * width) ** 2 if b == "all" else 1 << int(b)
                     paths.append(lambda size=size: rel_pos_attention_blocked(x, *params, block=size))
@@ -80,7 +81,8 @@ def main() -> None:
                     same.append(torch.equal(got, want))
                 times = time_us(paths, args.min_time, clock)
                 cells = " | ".join(cell(t, s) for t, s in zip(times, same))
-                print(f"| {dtype_name} | {h}x{d} | {grid} | {cells} | {times[0][1] / times[1][1]:.2f} |", flush=True)
+                print(f"| {dtype_name} | {h}x{d} | {grid} | {cells} | {times[0][1] / times[1][1]:.2f} | "
+                      f"{times[2][1] / times[1][1]:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
