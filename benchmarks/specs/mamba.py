@@ -11,6 +11,8 @@
   ``torch.compile`` of one chunk's step (a small graph, compiled once per model and request count)
   looped over the chunks in Python. Inductor of torch 2.11 fails on the whole chunked form
   (``TypeError``); the per-chunk graph is the compiled baseline that stays within a compile budget.
+  ``--tflops RESULTS_JSON`` prints each implementation's rate over the scan's matmul FLOPs
+  (``ssd_flops``), to set against the dense bf16 matmul rate.
 - ``causal_conv1d_fn`` / ``causal_conv1d_update``: the conv over Mamba-2-2.7B's ``xBC``
   (5376 channels, K = 4) in prefill and decode.
 - ``mixer2_gated_rms_norm``: tokens x 5120 (1 group) and x 8192 (8 groups).
@@ -185,6 +187,29 @@ def ssd_chunk_loop(x, dt, A, B, C, D, dt_bias, requests: int, chunk: int = CHUNK
         ys.append(y)
     y = torch.cat(ys, dim=1) + D.float()[:, None] * xs
     return y[:, :n].reshape(T, H, P).to(x.dtype)
+
+
+def ssd_flops(shape: Shape, chunk: int = CHUNK) -> float:
+    """The chunked scan's matmul FLOPs (what the tensor cores do), per token: ``C B^T`` per group
+    and chunk (``2 Q N G``), the intra-chunk ``(L * C B^T) X`` per head (``2 Q P H``), and the
+    chunk states ``B^T X`` plus their readout ``C h`` per head (``4 N P H``). Elementwise work
+    (the decay cumsums, ``exp``, the state passing) is not counted."""
+    H, P, N, G = (shape.extra[k] for k in ("heads", "head_dim", "state", "groups"))
+    return float(shape.tokens * (2 * chunk * N * G + 2 * chunk * P * H + 4 * N * P * H))
+
+
+def tflops_table(rows: list[dict]) -> str:
+    """TFLOP/s (``ssd_flops``) per implementation for the ``ssd_chunk_scan`` rows of a runner's
+    results.json."""
+    by_label = {s.label: s for spec_ in SPECS if spec_.name == "ssd_chunk_scan" for s in spec_.shapes}
+    rows = [r for r in rows if r["op"] == "ssd_chunk_scan" and r["shape"].removesuffix("[dry]") in by_label]
+    names = sorted({n for r in rows for n in r["impls"]})
+    lines = ["| shape | GFLOP | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+    for r in rows:
+        f = ssd_flops(by_label[r["shape"].removesuffix("[dry]")])
+        cells = [f"{f / (r['impls'][n]['us'] * 1e6):.1f}" if "us" in r["impls"].get(n, {}) else "-" for n in names]
+        lines.append(f"| {r['shape']} | {f / 1e9:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _prefill_bytes(shape: Shape, dtype: torch.dtype) -> int:
@@ -370,7 +395,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="state-space benchmark helpers (the timing itself: customop bench)")
     parser.add_argument("--sweep-decode", action="store_true", help="time the decode kernel's candidate configs")
     parser.add_argument("--batches", default="1,16,64,256", help="decode batches of the sweep")
+    parser.add_argument("--tflops", metavar="RESULTS_JSON", help="print the chunked scan's TFLOP/s from a runner's results")
     args = parser.parse_args(argv)
+    if args.tflops:
+        import json
+
+        with open(args.tflops) as f:
+            data = json.load(f)
+        print(tflops_table(data["results"] if isinstance(data, dict) else data))
     if args.sweep_decode:
         from customop.backend_loader import load_backend
 

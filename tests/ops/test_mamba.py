@@ -158,3 +158,19 @@ def test_conformance_catches_a_write_to_the_padding_slot():
 
     with pytest.raises(AssertionError, match=r"args\[1\] \(written in place\)"):
         assert_conforms(WritesSlotZero, platform="cpu", dtypes=[torch.float32])
+
+
+def test_benchmark_flop_count_of_the_chunked_scan():
+    """The chunked scan's matmul FLOPs (benchmarks' ``ssd_flops``) equal the matmuls of the chunked
+    form counted one by one, and the TFLOP/s table reads a runner's rows."""
+    from customop.benchmarks.specs import mamba as mamba_spec
+
+    shape = next(s for spec_ in mamba_spec.SPECS if spec_.name == "ssd_chunk_scan" for s in spec_.shapes)
+    H, P, N, G = (shape.extra[k] for k in ("heads", "head_dim", "state", "groups"))
+    Q, chunks = mamba_spec.CHUNK, shape.tokens // mamba_spec.CHUNK
+    per_chunk = {"C B^T": 2 * Q * Q * N * G, "(L*CB) X": 2 * Q * Q * P * H, "B^T X": 2 * N * Q * P * H,
+                 "C h": 2 * Q * N * P * H}
+    assert mamba_spec.ssd_flops(shape) == chunks * sum(per_chunk.values())
+    rows = [{"op": "ssd_chunk_scan", "shape": shape.label, "impls": {"customop": {"us": 1000.0}, "eager": {}}}]
+    table = mamba_spec.tflops_table(rows)
+    assert f"| {shape.label} | {mamba_spec.ssd_flops(shape) / 1e9:.1f} | {mamba_spec.ssd_flops(shape) / 1e9:.1f} | - |" in table
