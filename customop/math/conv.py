@@ -34,10 +34,12 @@ def patch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     n = len(kernel)
     batch, channels = x.shape[:2]
     grid = [size // k for size, k in zip(x.shape[2:], kernel)]
-    for dim, k in enumerate(kernel):  # [B, C, *grid, *kernel]
-        x = x.unfold(2 + dim, k, k)
+    # drop the remainders, split each spatial dim into (grid, kernel): [B, C, g0, k0, g1, k1, ...]
+    # (reshapes, not Tensor.unfold: torch_xla 2.9 has no unfold kernel)
+    x = x[(slice(None), slice(None), *(slice(0, g * k) for g, k in zip(grid, kernel)))]
+    x = x.reshape(batch, channels, *(d for g, k in zip(grid, kernel) for d in (g, k)))
     # [B, *grid, C, *kernel] -> one row per patch, in the weight's (C, *kernel) order
-    x = x.permute(0, *range(2, 2 + n), 1, *range(2 + n, 2 + 2 * n))
+    x = x.permute(0, *range(2, 2 + 2 * n, 2), 1, *range(3, 3 + 2 * n, 2))
     rows = x.reshape(-1, channels * math.prod(kernel))
     out = F.linear(rows, weight.reshape(weight.shape[0], -1), bias)
     return out.view(batch, *grid, -1).permute(0, n + 1, *range(1, n + 1))

@@ -134,14 +134,15 @@ def paged_latent_decode(q_latent: torch.Tensor, q_pe: torch.Tensor, kv_cache: to
     ``[B, N, L]``, ``q_pe`` ``[B, N, R]``) over the first ``seq_lens[b]`` cache rows of
     ``block_table[b]`` -> the latent output ``[B, N, L]`` in q's dtype (fp32 scores and softmax;
     zeros where ``seq_lens[b]`` is 0)."""
-    out = q_latent.new_zeros(q_latent.shape)
+    out = []  # rows stacked at the end, not written into a buffer (torch_xla drops such writes here)
     for b, length in enumerate(seq_lens.tolist()):
-        if length <= 0:
-            continue  # a softmax over nothing: the output stays zero
+        if length <= 0:  # a softmax over nothing: zeros
+            out.append(q_latent.new_zeros(q_latent.shape[1:]))
+            continue
         rows = gather_history(kv_cache, block_table[b], length).float()
         query = torch.cat((q_latent[b], q_pe[b]), dim=-1).float()[None]
-        out[b] = latent_attention(query, rows, q_latent.shape[-1], scale)[0].to(out.dtype)
-    return out
+        out.append(latent_attention(query, rows, q_latent.shape[-1], scale)[0].to(q_latent.dtype))
+    return torch.stack(out) if out else q_latent.new_zeros(q_latent.shape)
 
 
 def absorbed_decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: MLAMetadata, kv_b_weight: torch.Tensor, d: MLADims,
