@@ -62,6 +62,11 @@ class MLADims:
     kv_lora_rank: int
     scale: float
 
+    @property
+    def sizes(self) -> list[int]:
+        """The int fields in order (``customop::mla_attention``'s ``dims``: ``MLADims(*sizes, scale)``)."""
+        return [self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim, self.kv_lora_rank]
+
 
 def write_cache(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, kv_c_normed: torch.Tensor,
                 k_pe: torch.Tensor) -> None:

@@ -180,9 +180,7 @@ class MultiHeadLatentAttentionWrapper(CustomOp):
             m, d = attn_metadata, self.dims
             attn = torch.ops.customop.mla_attention(
                 q, kv_c_normed, k_pe, kv_cache, m.slot_mapping, m.block_table, m.seq_lens, m.query_start_loc,
-                self.kv_b_proj.weight, m.num_decodes,
-                [d.num_heads, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim, d.kv_lora_rank], d.scale,
-                latent_decode is not None)
+                self.kv_b_proj.weight, m.num_decodes, d.sizes, d.scale, latent_decode is not None)
         else:
             attn = mla_attention(q, kv_c_normed, k_pe, kv_cache, attn_metadata, self.kv_b_proj.weight, self.dims,
                                  latent_decode, varlen_attn)

@@ -139,8 +139,7 @@ def test_opcheck_mla_attention(use_kernels):
         q, kv_c_normed, k_pe = op._qkv(positions, hidden)
     d = op.dims
     args = (q, kv_c_normed, k_pe, cache.nan_to_num(0.0), meta.slot_mapping, meta.block_table, meta.seq_lens,
-            meta.query_start_loc, op.kv_b_proj.weight.detach(), meta.num_decodes,
-            [d.num_heads, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim, d.kv_lora_rank], d.scale, use_kernels)
+            meta.query_start_loc, op.kv_b_proj.weight.detach(), meta.num_decodes, d.sizes, d.scale, use_kernels)
     torch.library.opcheck(torch.ops.customop.mla_attention.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 

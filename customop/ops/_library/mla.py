@@ -54,8 +54,8 @@ def _(q_latent: Tensor, q_pe: Tensor, kv_cache: Tensor, block_table: Tensor, seq
 #
 # ``mla_attention`` walks the batch's requests on the host (their lengths are data), which a traced
 # graph cannot do; inside a caller's ``torch.compile`` the layer calls this op instead, so the
-# projections around it fuse and the graph has no break. ``dims`` is ``[num_heads,
-# qk_nope_head_dim, qk_rope_head_dim, v_head_dim, kv_lora_rank]``; ``use_kernels`` routes decode
+# projections around it fuse and the graph has no break. ``dims`` is ``MLADims.sizes``
+# (``[num_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, kv_lora_rank]``); ``use_kernels`` routes decode
 # and fresh prefills through ``mla_decode`` / ``varlen_attn`` (the op's ``forward_kernel``) instead
 # of the per-request spec (``forward_native``). Writes the batch's rows into ``kv_cache``.
 
