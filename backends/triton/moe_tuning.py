@@ -149,8 +149,13 @@ def candidates(tokens: int, num_experts: int, top_k: int) -> list[MoEConfig]:
     for block_m in (16, 32, 64, 128):
         if block_m > 16 and tokens * top_k < block_m * 2:
             continue  # fewer rows than two blocks: a bigger block only adds padding
-        for bn1, bn2, bk, warps, stages in ((64, 64, 64, 4, 3), (64, 128, 64, 4, 4), (64, 128, 64, 8, 3),
-                                            (64, 64, 128, 4, 3), (128, 128, 64, 8, 3), (32, 64, 64, 4, 4)):
+        shapes = [(64, 64, 64, 4, 3), (64, 128, 64, 4, 4), (64, 128, 64, 8, 3),
+                  (64, 64, 128, 4, 3), (128, 128, 64, 8, 3), (32, 64, 64, 4, 4)]
+        if tokens * top_k <= 64:  # decode: weight-read bound; narrow N blocks put more programs on the
+            # SMs (Mixtral's GEMM2 has 64 blocks of 64 columns per expert), deep K tiles more bytes in flight
+            shapes += [(32, 32, 128, 4, 4), (64, 32, 128, 4, 4), (32, 32, 256, 4, 3), (64, 32, 256, 8, 3),
+                       (32, 16, 256, 4, 4), (64, 64, 256, 8, 3)]
+        for bn1, bn2, bk, warps, stages in shapes:
             out.append(MoEConfig(block_m, GemmConfig(bn1, bk, 8, warps, stages), GemmConfig(bn2, bk, 8, warps, stages)))
     out.append(dataclasses.replace(default_config(tokens, num_experts, 0, 0, top_k, torch.bfloat16), path="grouped_mm"))
     return out

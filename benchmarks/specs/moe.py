@@ -137,23 +137,62 @@ def _path(shape: Shape, dtype: torch.dtype) -> str:
     return f"{cfg.path} m{cfg.block_m}"
 
 
-def tune(dtype: torch.dtype = torch.bfloat16, models: tuple[str, ...] = (), tokens: tuple[int, ...] = ()) -> str:
+def _tuned_shapes(models: tuple[str, ...], tokens: tuple[int, ...]) -> list[tuple[OpSpec, list[Shape]]]:
+    return [(spec, [s for s in spec.shapes if not tokens or s.tokens in tokens]) for spec in SPECS
+            if not models or spec.name.split("[")[1].rstrip("]") in models]
+
+
+def _compile_share(job: tuple[int, int, tuple[str, ...], tuple[int, ...], str]) -> int:
+    """One worker of ``tune``'s compile pass: runs every ``jobs``-th candidate once, so that the
+    Triton cache on disk holds its binaries when the timing pass (one process) gets to it."""
+    worker, jobs, models, tokens, dtype_name = job
+    from customop.backend_loader import load_backend
+    from customop.backends.triton import moe_tuning
+
+    load_backend("cuda")
+    dtype, done, index = getattr(torch, dtype_name), 0, 0
+    for _spec, shapes in _tuned_shapes(models, tokens):
+        for shape in shapes:
+            inputs = None
+            for cfg in moe_tuning.candidates(shape.tokens, shape.extra["experts"], shape.extra["top_k"]):
+                index += 1
+                if index % jobs != worker:
+                    continue
+                inputs = inputs or _inputs(shape, dtype, torch.device("cuda"))
+                with moe_tuning.override(cfg):
+                    try:
+                        _customop(inputs)()
+                        done += 1
+                    except Exception:  # the timing pass reports it
+                        pass
+            del inputs
+            torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    return done
+
+
+def tune(dtype: torch.dtype = torch.bfloat16, models: tuple[str, ...] = (), tokens: tuple[int, ...] = (),
+         jobs: int = 1) -> str:
     """Times every candidate configuration per shape on the current GPU (CUDA graphs, the
     runner's timer) and returns the best as ``moe_tuning.TABLE`` rows. ``models`` / ``tokens``
-    limit the sweep (each shape takes ~1.5 minutes on the H200, mostly Triton compiles)."""
+    limit the sweep. Triton compiles dominate (~1.5 minutes a shape in one process): ``jobs > 1``
+    first compiles the candidates in that many processes (the Triton cache on disk is shared), then
+    times them in this one, one at a time, so no two timings overlap."""
     from customop.backend_loader import load_backend
     from customop.backends.triton import moe_tuning
     from customop.benchmarks.runner_timing import time_graph
 
+    if jobs > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            work = [(w, jobs, models, tokens, str(dtype).removeprefix("torch.")) for w in range(jobs)]
+            print(f"[tune] compile pass: {sum(pool.map(_compile_share, work))} candidates run", file=sys.stderr)
     load_backend("cuda")
     out = []
-    for spec in SPECS:
-        if models and spec.name.split("[")[1].rstrip("]") not in models:
-            continue
+    for spec, shapes in _tuned_shapes(models, tokens):
         rows = []
-        for shape in spec.shapes:
-            if tokens and shape.tokens not in tokens:
-                continue
+        for shape in shapes:
             inputs = _inputs(shape, dtype, torch.device("cuda"))
             timed, failed = [], []
             cands = moe_tuning.candidates(shape.tokens, shape.extra["experts"], shape.extra["top_k"])
@@ -188,12 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tune", action="store_true", help="time the candidate configs on this GPU")
     parser.add_argument("--models", default="", help=f"--tune only these (comma-separated of {', '.join(MODELS)})")
     parser.add_argument("--tokens", default="", help="--tune only these token counts (comma-separated)")
+    parser.add_argument("--jobs", type=int, default=1, help="--tune: compile the candidates in this many processes first")
     args = parser.parse_args(argv)
     if args.report:
         print(report(args.report))
     if args.tune:
         print(tune(models=tuple(m for m in args.models.split(",") if m),
-                   tokens=tuple(int(t) for t in args.tokens.split(",") if t)))
+                   tokens=tuple(int(t) for t in args.tokens.split(",") if t), jobs=args.jobs))
     return 0
 
 
