@@ -77,11 +77,12 @@ class TileConfig:
     block_m: int
     block_n: int
     num_warps: int
-    #: code generation (the gated ``tile`` kernels only): ``even``: no bounds checks when the
-    #: tile divides the output; ``int32``: 32-bit element offsets when the launcher finds that
-    #: they fit (int64 otherwise)
+    #: code generation (the gated ``tile`` kernels and the unary ``flat`` kernel): ``even``: no
+    #: bounds checks when the tile divides the output; ``int32``: 32-bit element offsets when the
+    #: launcher finds that they fit (int64 otherwise); ``evict``: x read with ``evict_first``
     even: bool = True
     int32: bool = True
+    evict: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,9 +337,16 @@ SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
     + tuple({"block_n": n, "num_warps": w, "_tokens": (0, 256)} for n, w in ((128, 1), (256, 1), (256, 2), (512, 1),
                                                                           (512, 2), (1024, 4), (2048, 8)))
     + tuple({"block_n": n, "num_warps": w, "_tokens": (257, _INF)} for n, w in ((512, 4), (512, 8), (1024, 4),
-                                                                             (1024, 8), (2048, 4), (2048, 8), (4096, 8))),
-    "flat": tuple({"block_n": n, "num_warps": w} for n, w in ((512, 1), (1024, 4), (2048, 4), (2048, 8), (4096, 4),
-                                                              (4096, 8), (8192, 8), (8192, 16), (16384, 16))),
+                                                                             (1024, 8), (2048, 4), (2048, 8), (4096, 8)))
+    # no eviction hint (Inductor's pointwise kernels give their loads none), alone and with
+    # Inductor's launch shapes
+    + ({"evict": False},)
+    + tuple({"evict": False, "block_n": n, "num_warps": w, "_tokens": (257, _INF)} for n, w in ((1024, 4), (2048, 8))),
+    # the unary ops: the previous kernel's code (bounds checks and int64 offsets everywhere), no
+    # eviction hint, then block sizes and warps
+    "flat": ({"even": False, "int32": False}, {"evict": False}, {"evict": False, "block_n": 1024, "num_warps": 4})
+    + tuple({"block_n": n, "num_warps": w} for n, w in ((512, 1), (1024, 4), (2048, 4), (2048, 8), (4096, 4),
+                                                        (4096, 8), (8192, 8), (8192, 16), (16384, 16))),
     # the RMSNorm family. Keys starting with "_" limit an alternative to shapes (sweep_alternatives):
     # "_tokens" / "_width": inclusive (low, high) bounds on the rows and the padded row width.
     # First the code generation: the previous kernel's (bounds checks everywhere, int64 offsets,

@@ -59,14 +59,14 @@ def _gate_act(a, param, ACT: tl.constexpr):
 def _and_mul_kernel(
     x_ptr, out_ptr, n_rows, d, x_stride, out_stride, gate_offset, up_offset, param, param2, param3,
     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    EVEN: tl.constexpr = False, INT64: tl.constexpr = True,
+    EVEN: tl.constexpr = False, INT64: tl.constexpr = True, EVICT: tl.constexpr = "evict_first",
 ):
     # param: fatrelu's threshold, swiglustep's and silu_and_mul_with_clamp's limit, situ's beta;
     # param2: silu_and_mul_with_clamp's alpha, situ's linear_beta; param3: silu_and_mul_with_clamp's beta
     # tiles of the [n_rows, d] output, row-major (column block fastest): the programs in flight
     # read one contiguous stretch of x and write one of out, as a flat copy does. EVEN: the tile
     # divides the output (no bounds checks); INT64: 64-bit offsets (the host picks 32-bit when
-    # every offset fits).
+    # every offset fits); EVICT: x's eviction policy ("" for none).
     pid = tl.program_id(0)
     col_blocks = tl.cdiv(d, BLOCK_N)
     rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -76,11 +76,11 @@ def _and_mul_kernel(
     mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
     x_row = x_ptr + rows[:, None] * x_stride + cols[None, :]
     if EVEN:
-        a = tl.load(x_row + gate_offset, eviction_policy="evict_first").to(tl.float32)
-        b = tl.load(x_row + up_offset, eviction_policy="evict_first").to(tl.float32)
+        a = tl.load(x_row + gate_offset, eviction_policy=EVICT).to(tl.float32)
+        b = tl.load(x_row + up_offset, eviction_policy=EVICT).to(tl.float32)
     else:
-        a = tl.load(x_row + gate_offset, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        b = tl.load(x_row + up_offset, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        a = tl.load(x_row + gate_offset, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        b = tl.load(x_row + up_offset, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if ACT == SILU_CLAMP:
         g = tl.minimum(a, param)
         y = g * tl.sigmoid(param2 * g) * (tl.minimum(tl.maximum(b, -param), param) + param3)
@@ -103,10 +103,11 @@ def _and_mul_kernel(
 def _swigluoai_kernel(
     x_ptr, out_ptr, n_rows, d, x_stride, out_stride, alpha, limit,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr = False, INT64: tl.constexpr = True,
+    EVICT: tl.constexpr = "evict_first",
 ):
     # Interleaved lanes: one contiguous load of 2 * BLOCK_N lanes per row (16-byte accesses; a
     # [rows, cols, 2] pointer tile would not vectorise), then a register-local split into pairs.
-    # Tiles go row-major, as in _and_mul_kernel. INT64 as there; EVEN is not used (the masks stay).
+    # Tiles go row-major, as in _and_mul_kernel. INT64 and EVICT as there; EVEN is not used (the masks stay).
     pid = tl.program_id(0)
     col_blocks = tl.cdiv(d, BLOCK_N)
     col_block = pid % col_blocks
@@ -117,7 +118,7 @@ def _swigluoai_kernel(
     lanes = 2 * col_block * BLOCK_N + tl.arange(0, 2 * BLOCK_N)
     row_mask = (rows < n_rows)[:, None]
     gu = tl.load(x_ptr + rows[:, None] * x_stride + lanes[None, :], mask=row_mask & (lanes < 2 * d)[None, :],
-                 other=0.0, eviction_policy="evict_first").to(tl.float32)
+                 other=0.0, eviction_policy=EVICT).to(tl.float32)
     g, u = tl.split(tl.reshape(gu, [BLOCK_M, BLOCK_N, 2]))
     mask = row_mask & (cols < d)[None, :]
     g = tl.minimum(g, limit)
@@ -181,11 +182,19 @@ def _gelu_sparse_kernel(
 def _unary_kernel(
     x_ptr, out_ptr, numel, alpha_p_ptr, alpha_n_ptr, beta, eps,
     ACT: tl.constexpr, BLOCK: tl.constexpr,
+    EVEN: tl.constexpr = False, INT64: tl.constexpr = True, EVICT: tl.constexpr = "evict_first",
 ):
-    start = tl.program_id(0).to(tl.int64) * BLOCK
+    # EVEN: BLOCK divides numel (no bounds checks); INT64: 64-bit offsets (the host picks 32-bit
+    # when every offset fits); EVICT: x's eviction policy ("" for none)
+    start = tl.program_id(0) * BLOCK
+    if INT64:
+        start = start.to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < numel - start
-    x = tl.load(x_ptr + start + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    if EVEN:
+        x = tl.load(x_ptr + start + offs, eviction_policy=EVICT).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + start + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if ACT == GELU:
         y = gelu_erf(x)
     elif ACT == GELU_NEW or ACT == GELU_TANH:  # the same formula: gelu_tanh rounds once, as this does
@@ -203,7 +212,10 @@ def _unary_kernel(
         alpha_n = tl.load(alpha_n_ptr).to(x_dtype).to(tl.float32)
         negative = (expm1_neg(tl.minimum(x, eps)) - x) * alpha_n + beta * x
         y = tl.where(x > 0.0, alpha_p * x * x + beta * x, negative)
-    tl.store(out_ptr + start + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if EVEN:
+        tl.store(out_ptr + start + offs, y.to(out_ptr.dtype.element_ty))
+    else:
+        tl.store(out_ptr + start + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # ---- launchers --------------------------------------------------------------------------------
@@ -238,7 +250,7 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
         kernel[grid](rows, out_rows, n_rows, d, x_stride, d, *args, **constexprs,
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                      EVEN=cfg.even and n_rows % cfg.block_m == 0 and d % cfg.block_n == 0,
-                     INT64=not (cfg.int32 and fits))
+                     INT64=not (cfg.int32 and fits), EVICT="evict_first" if cfg.evict else "")
     return out
 
 
@@ -319,9 +331,12 @@ def _unary(x: torch.Tensor, act: tl.constexpr, alpha_p: torch.Tensor | None = No
     cfg = config or _tuning.flat_config(x.device, numel)
     p = alpha_p if alpha_p is not None else xc
     n = alpha_n if alpha_n is not None else xc
+    blocks = triton.cdiv(numel, cfg.block_n)
     with device_guard(x.device):
-        _unary_kernel[(triton.cdiv(numel, cfg.block_n),)](xc, out, numel, p, n, beta, eps, ACT=act.value,
-                                                          BLOCK=cfg.block_n, num_warps=cfg.num_warps)
+        _unary_kernel[(blocks,)](xc, out, numel, p, n, beta, eps, ACT=act.value, BLOCK=cfg.block_n,
+                                 EVEN=cfg.even and numel % cfg.block_n == 0,
+                                 INT64=not (cfg.int32 and blocks * cfg.block_n <= 2**31),
+                                 EVICT="evict_first" if cfg.evict else "", num_warps=cfg.num_warps)
     return out
 
 

@@ -53,15 +53,26 @@ Key = tuple[str, int, int, int, int, str]
 TABLE: dict[Key, tuple[tuple[int, MoEConfig], ...]] = {}
 
 _G = GemmConfig
-#: H200 (sm_90, torch 2.11, triton 3.6), bf16, 2026-12-01, ``--tune``: the best of 25 candidates per
-#: token count (us per call in CUDA graphs; default_config measured 213 us at T=1 the same day).
-#: Token counts between two rows take the larger row's config; above 4096 the last row (the
-#: T=16384 shape was not tuned: the sweep's time ran out). Qwen3-30B-A3B is not tuned yet.
+#: H200 (sm_90, torch 2.11, triton 3.6), bf16, ``--tune``: the best of the candidates per token
+#: count (us per call in CUDA graphs). Token counts between two rows take the larger row's config;
+#: beyond the last row, the last row. Mixtral T=256 / 4096: 2026-12-01 (25 candidates; default_config
+#: took 6319 us at 4096). The rest: 2026-12-02, ``--tune --jobs 10/12`` with the decode candidates
+#: (31 at T=1 and 16): Mixtral T=1 174.5 us (the 2026-12-01 row 190.1, default_config 213).
 TABLE[("cuda", 8, 14336, 4096, 2, "bfloat16")] = (
-    (1, MoEConfig(16, _G(64, 128, 8, 4, 3), _G(64, 128, 8, 4, 3))),  # 190.1 us
-    (16, MoEConfig(16, _G(64, 128, 8, 4, 3), _G(64, 128, 8, 4, 3))),  # 656.3 us (all 8 experts' weights)
+    (1, MoEConfig(16, _G(64, 128, 8, 4, 4), _G(32, 128, 8, 4, 4))),  # 174.5 us
+    (16, MoEConfig(16, _G(64, 256, 8, 8, 3), _G(64, 256, 8, 8, 3))),  # 651.1 us (all 8 experts' weights)
     (256, MoEConfig(128, _G(64, 64, 8, 8, 3), _G(128, 64, 8, 8, 3))),  # 811.8 us
     (4096, MoEConfig(128, _G(128, 64, 8, 8, 3), _G(128, 64, 8, 8, 3))),  # 5998.6 us
+    (16384, MoEConfig(128, _G(128, 64, 8, 8, 3), _G(128, 64, 8, 8, 3))),  # 22878 us (505 TFLOP/s)
+)
+#: Qwen3-30B-A3B, 2026-12-02 (T=1: 32.5 us on default_config the day before; the weight-read
+#: floor of the 8 experts touched is ~17.8 us)
+TABLE[("cuda", 128, 768, 2048, 8, "bfloat16")] = (
+    (1, MoEConfig(16, _G(64, 128, 8, 4, 4), _G(32, 128, 8, 4, 4))),  # 26.2 us
+    (16, MoEConfig(16, _G(64, 128, 8, 4, 3), _G(64, 128, 8, 4, 3))),  # 187.5 us
+    (256, MoEConfig(32, _G(64, 128, 8, 4, 3), _G(64, 128, 8, 4, 3))),  # 309.7 us
+    (4096, MoEConfig(128, _G(128, 64, 8, 8, 3), _G(128, 64, 8, 8, 3))),  # 914.5 us
+    (16384, MoEConfig(128, _G(128, 64, 8, 8, 3), _G(128, 64, 8, 8, 3))),  # 2965 us
 )
 
 _override: list[MoEConfig] = []

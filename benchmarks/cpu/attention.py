@@ -1,21 +1,35 @@
-"""CPU timings of encoder attention (``mm_encoder_attn``): the spec's segment loop vs SDPA's CPU
-flash kernel on the whole packed sequence with a block-diagonal mask vs ``forward_cpu`` (runs of
-equal segments batched into one SDPA call each).
+"""CPU timings of the attention family, one sub-command per op:
 
-    .venv/bin/python -m benchmarks.cpu.attention [--dtypes fp32,bf16] [--heads 16x80,16x64]
-        [--packings 1024/4,...] [--min-time 0.4] [--threads N] [--clock wall|cpu]
+- ``encoder`` (the default: the commands recorded in benchmarks/results/cpu_attention.md still run
+  without it): encoder attention (``mm_encoder_attn``), the spec's segment loop vs SDPA's CPU flash
+  kernel on the whole packed sequence with a block-diagonal mask vs ``forward_cpu`` (runs of equal
+  segments batched into one SDPA call each);
+- ``rel_pos``: SAM attention with decomposed relative positions (``rel_pos_attention``), the spec
+  vs ``forward_cpu`` (the bias built in blocks) vs ``torch.compile(forward_native)``, plus the
+  blocked form at other block sizes;
+- ``mla``: DeepSeek MLA over a paged latent cache (``multi_head_latent_attention``), decode and
+  prefill batches: the spec vs ``torch.compile(forward_native)`` vs ``forward_kernel`` (the
+  library ops' CPU bodies) vs ``forward_cpu``.
 
-A packing ``T/N`` is T tokens in N equal segments; ``T/mixed`` is T tokens in segments of
-uneven lengths (windows of 64 with one odd-sized image). Cells are ``p5 / median`` milliseconds
-per call, the paths taking turns call by call in a shuffled order (``benchmarks/cpu/layernorm.py``
-says why); every path is first checked against the loop (bitwise for ``forward_cpu``). The masked
-path does ``T^2`` work where the others do ``sum(L_i^2)``: skipped with ``--no-mask`` and above
-``--mask-max-tokens``.
+    .venv/bin/python -m benchmarks.cpu.attention [encoder] [--dtypes fp32,bf16] [--heads 16x80,16x64]
+        [--packings 1024/4,...] [--mask-max-tokens 4096] [--no-mask] [TIMING]
+    .venv/bin/python -m benchmarks.cpu.attention rel_pos [--dtypes fp32,bf16] [--heads 12x64]
+        [--grids 1x14x14,25x14x14,1x64x64] [--blocks 20,24,all] [TIMING]
+    .venv/bin/python -m benchmarks.cpu.attention mla [--dtypes bf16,fp32] [--cases decode:1x512,...]
+        [--heads 16] [--dims 128,64,128,512] [--q-lora 0] [--hidden 2048] [--block-size 64] [--no-compile] [TIMING]
+
+``TIMING``: ``[--min-time 0.4] [--threads N] [--clock wall|cpu]`` (``benchmarks/cpu/timing.py``).
+Cells are ``p5 / median`` milliseconds per call, the paths taking turns call by call in a shuffled
+order (``benchmarks/cpu/layernorm.py`` says why); every path is first checked (each sub-command's
+help says against what).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import math
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +37,19 @@ import torch.nn.functional as F
 from benchmarks.cpu.layernorm import time_us
 from benchmarks.cpu.timing import add_timing_args, start_run
 from customop.config import Config, use_config
-from customop.ops.attention import MMEncoderAttention
+from customop.math.attention import rel_pos_attention_blocked
+from customop.math.mla import MLAMetadata
+from customop.ops.attention import MMEncoderAttention, RelPosAttention
+from customop.ops.layernorm import RMSNorm
+from customop.ops.linear import ReplicatedLinear
+from customop.ops.mla import MLAModules, MultiHeadLatentAttentionWrapper
+from customop.ops.rotary_embedding.deepseek_yarn import DeepseekScalingRotaryEmbedding
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+# ---- encoder: mm_encoder_attn ---------------------------------------------------------------------
+
 PACKINGS = ("256/1", "256/4", "1024/1", "1024/4", "1024/16", "1024/64", "4096/4", "4096/16", "4096/64",
             "4096/mixed")
 
@@ -51,15 +75,20 @@ def masked(op: MMEncoderAttention, q, k, v, cu_seqlens):
     return out.transpose(1, 2).reshape(q.shape)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_encoder_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--heads", default="16x80,16x64", help="heads x head_size, comma-separated")
     parser.add_argument("--packings", default=",".join(PACKINGS))
     parser.add_argument("--mask-max-tokens", type=int, default=4096)
     parser.add_argument("--no-mask", action="store_true")
-    add_timing_args(parser)
-    args = parser.parse_args()
+
+
+def run_encoder(args: argparse.Namespace) -> None:
+    """Encoder attention (``mm_encoder_attn``). A packing ``T/N`` is T tokens in N equal segments;
+    ``T/mixed`` is T tokens in segments of uneven lengths (windows of 64 with one odd-sized image).
+    Every path is checked against the loop (bitwise for ``forward_cpu``). The masked path does
+    ``T^2`` work where the others do ``sum(L_i^2)``: skipped with ``--no-mask`` and above
+    ``--mask-max-tokens``."""
     clock = start_run(args)
     print("| dtype | heads | packing | loop = forward_native (ms) | masked packed SDPA (ms) | forward_cpu (ms) | "
           "masked x | forward_cpu x |")
@@ -91,6 +120,216 @@ def main() -> None:
                     ratio = "-" if mask is None else f"{loop[0] / mask[0]:.2f}"
                     print(f"| {dtype_name} | {heads} | {packing} | {cell(loop)} | {cell(mask)} | {cell(ours)} | "
                           f"{ratio} | {loop[0] / ours[0]:.2f} |", flush=True)
+
+
+# ---- rel_pos: rel_pos_attention -------------------------------------------------------------------
+
+
+def build_rel_pos(dim: int, heads: int, height: int, width: int, dtype: torch.dtype) -> RelPosAttention:
+    with use_config(Config(custom_ops=["all"])):
+        op = RelPosAttention(dim, heads, use_rel_pos=True, input_size=(height, width), params_dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in op.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.3 if p.dim() == 2 and p.shape[0] < dim else dim ** -0.5))
+    return op.requires_grad_(False)
+
+
+def add_rel_pos_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--heads", default="12x64", help="heads x head_dim")
+    parser.add_argument("--grids", default="1x14x14,25x14x14,1x64x64")
+    parser.add_argument("--blocks", default="20,24,all", help="log2 block sizes of the extra blocked columns")
+
+
+def run_rel_pos(args: argparse.Namespace) -> None:
+    """SAM attention with decomposed relative positions: the spec (``forward_native``: the whole
+    ``[B, heads, H*W, H*W]`` bias, then one SDPA) vs ``forward_cpu`` (``forward_kernel``: the bias
+    built contiguous, a block of entries per SDPA call) vs ``torch.compile(forward_native)``
+    (static shapes), plus the blocked form at other block sizes. A grid ``BxHxW`` is B images (or
+    windows) of H x W tokens, on position tables for that grid (no interpolation: it costs the same
+    on both paths). ``--blocks``: log2 of the block in bias entries, ``all`` for one block (only
+    the layout differs from the spec). Each path is checked against the spec (``=`` marks a bitwise
+    equal result)."""
+    clock = start_run(args)
+    blocks = [b for b in args.blocks.split(",") if b]
+    print(f"forward_cpu's block: 2^{RelPosAttention.bias_block['cpu'].bit_length() - 1} entries")
+    print()
+    print("| dtype | heads | grid | spec = forward_native (ms) | forward_cpu (ms) | compile (ms) | "
+          + "".join(f"block 2^{b} (ms) | " if b != "all" else "one block (ms) | " for b in blocks)
+          + "forward_cpu x spec | forward_cpu x compile |")
+    print("|---|---|---|---:|---:|---:|" + "---:|" * len(blocks) + "---:|---:|")
+    cell = lambda m, same: f"{m[0] / 1e3:.1f} / {m[1] / 1e3:.1f}{' =' if same else ''}"  # noqa: E731
+    with torch.no_grad():
+        for dtype_name in args.dtypes.split(","):
+            dtype = DTYPES[dtype_name]
+            h, d = (int(n) for n in args.heads.split("x"))
+            for grid in args.grids.split(","):
+                batch, height, width = (int(n) for n in grid.split("x"))
+                op = build_rel_pos(h * d, h, height, width, dtype)
+                x = torch.randn(batch, height, width, h * d).to(dtype)
+                params = (op.qkv.weight, op.qkv.bias, op.proj.weight, op.proj.bias, op.num_heads, op.rel_pos_h,
+                          op.rel_pos_w)
+                compiled = torch.compile(op.forward_native, dynamic=False)
+                paths = [lambda: op.forward_native(x), lambda: op.forward_cpu(x), lambda: compiled(x)]
+                for b in blocks:
+                    size = batch * h * (height * width) ** 2 if b == "all" else 1 << int(b)
+                    paths.append(lambda size=size: rel_pos_attention_blocked(x, *params, block=size))
+                want = paths[0]()
+                same = [True]
+                for path in paths[1:]:
+                    got = path()
+                    err = (got.float() - want.float()).abs().max().item()
+                    assert err < (1e-4 if dtype == torch.float32 else 3e-2), f"a blocked path is off by {err}"
+                    same.append(torch.equal(got, want))
+                times = time_us(paths, args.min_time, clock)
+                cells = " | ".join(cell(t, s) for t, s in zip(times, same))
+                print(f"| {dtype_name} | {h}x{d} | {grid} | {cells} | {times[0][1] / times[1][1]:.2f} | "
+                      f"{times[2][1] / times[1][1]:.2f} |", flush=True)
+
+
+# ---- mla: multi_head_latent_attention --------------------------------------------------------------
+
+MLA_CASES = ("decode:1x512", "decode:1x4096", "decode:8x512", "decode:8x4096", "prefill:1x512")
+#: normwise relative error against the float64 spec a path may have: fp32 to rounding; 16-bit within
+#: four unit roundoffs, the bound tests/ops/test_mla.py holds the layer to
+MLA_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 4 * 2.0 ** -8, torch.float16: 4 * 2.0 ** -11}
+
+
+def build_mla(args: argparse.Namespace, dtype: torch.dtype, gen: torch.Generator) -> MultiHeadLatentAttentionWrapper:
+    """A DeepSeek-style layer of random weights (customop's own submodules, enabled as an eager CPU
+    server runs them) with DeepSeek-YaRN RoPE (factor 4 over 4096 positions) and DeepSeek's
+    softmax scale (``(P + R) ** -0.5`` times YaRN's ``mscale ** 2``)."""
+    nope, rope, v, rank = (int(n) for n in args.dims.split(","))
+    heads, hidden, q_lora = args.heads, args.hidden, args.q_lora or None
+
+    def linear(n_in: int, n_out: int) -> ReplicatedLinear:
+        layer = ReplicatedLinear(n_in, n_out, bias=False, params_dtype=dtype, disable_tp=True)
+        layer.weight.data = (torch.randn(n_out, n_in, generator=gen) * n_in ** -0.5).to(dtype)
+        return layer
+
+    def norm(n: int) -> RMSNorm:
+        layer = RMSNorm(n, dtype=dtype)
+        layer.weight.data = (1.0 + 0.2 * torch.randn(n, generator=gen)).to(dtype)
+        return layer
+
+    with use_config(Config(custom_ops=["all"])):
+        rotary = DeepseekScalingRotaryEmbedding(rope, rope, 4096, 10000.0, False, 4.0, torch.float32, mscale=1.0,
+                                                mscale_all_dim=1.0)
+        common = {"kv_a_layernorm": norm(rank), "kv_b_proj": linear(rank, heads * (nope + v)), "rotary_emb": rotary,
+                  "o_proj": linear(heads * v, hidden)}
+        if q_lora:
+            modules = MLAModules(**common, fused_qkv_a_proj=linear(hidden, q_lora + rank + rope), kv_a_proj_with_mqa=None,
+                                 q_a_layernorm=norm(q_lora), q_b_proj=linear(q_lora, heads * (nope + rope)), q_proj=None)
+        else:
+            modules = MLAModules(**common, fused_qkv_a_proj=None, kv_a_proj_with_mqa=linear(hidden, rank + rope),
+                                 q_a_layernorm=None, q_b_proj=None, q_proj=linear(hidden, heads * (nope + rope)))
+        scale = (nope + rope) ** -0.5 * (0.1 * math.log(4.0) + 1.0) ** 2
+        op = MultiHeadLatentAttentionWrapper(hidden, heads, scale, nope, rope, v, q_lora, rank, modules)
+    return op.requires_grad_(False)
+
+
+def mla_batch(case: str, op: MultiHeadLatentAttentionWrapper, block_size: int, dtype: torch.dtype,
+              gen: torch.Generator):
+    """``(positions, hidden_states, kv_cache, metadata)`` of a case ``decode:BxC`` (B requests at a
+    context of C, one new token each, C - 1 cached rows of random latents) or ``prefill:BxC`` (B
+    fresh prompts of C tokens). Blocks are handed out in a shuffled order, as a serving cache's are."""
+    kind, shape = case.split(":")
+    requests, context = (int(n) for n in shape.split("x"))
+    new = 1 if kind == "decode" else context
+    per_request = -(-context // block_size)
+    order = torch.randperm(requests * per_request, generator=gen)
+    table = order.view(requests, per_request).to(torch.int32)
+    width = op.kv_lora_rank + op.qk_rope_head_dim
+    cache = torch.randn(requests * per_request, block_size, width, generator=gen).to(dtype)
+    pos = torch.arange(context - new, context).repeat(requests)
+    req = torch.arange(requests).repeat_interleave(new)
+    slots = table[req, pos // block_size].long() * block_size + pos % block_size
+    meta = MLAMetadata(slots, table, torch.full((requests,), context), torch.arange(requests + 1) * new,
+                       requests if kind == "decode" else 0)
+    hidden = torch.randn(requests * new, op.hidden_size, generator=gen).to(dtype)
+    return pos, hidden, cache, meta
+
+
+def add_mla_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtypes", default="bf16,fp32")
+    parser.add_argument("--cases", default=",".join(MLA_CASES), help="decode:BxC or prefill:BxC, comma-separated")
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--dims", default="128,64,128,512", help="qk_nope, qk_rope, v_head, kv_lora_rank")
+    parser.add_argument("--q-lora", type=int, default=0, help="q_lora_rank (0: a plain q projection, as V2-Lite)")
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile(forward_native) column")
+
+
+def run_mla(args: argparse.Namespace) -> None:
+    """DeepSeek MLA (``MultiHeadLatentAttentionWrapper``, DeepSeek-V2-Lite's attention shapes by
+    default) on a decode or prefill batch: the layer's whole forward, projections included, with
+    the batch's cache rows written on every call (the same rows each time). Paths: the spec
+    (``forward_native``: one absorbed decode or up-projected prefill per request);
+    ``torch.compile(forward_native)`` (static shapes; the attention is the opaque
+    ``customop::mla_attention`` running the spec's walk, so only the projections, norms and rotary
+    around it compile); ``forward_kernel`` (the accelerators' route: decode rows through
+    ``customop::mla_decode``, fresh prefills packed through ``customop::varlen_attn``, here their
+    CPU bodies); ``forward_cpu``. Every path is first checked against a float64 run of the spec on
+    the same inputs (normwise relative error, printed; fp32 within 1e-5, 16-bit within four unit
+    roundoffs)."""
+    clock = start_run(args)
+    print(f"{args.heads} heads, qk_nope/qk_rope/v/kv_lora {args.dims}, q_lora {args.q_lora or 'none'}, hidden "
+          f"{args.hidden}, block size {args.block_size}; forward_cpu's batched decode from "
+          f"{getattr(MultiHeadLatentAttentionWrapper, 'cpu_batched_decode_from', '-')} cached rows")
+    print()
+    names = ["forward_native", *([] if args.no_compile else ["compile"]), "forward_kernel", "forward_cpu"]
+    print("| dtype | case | " + " | ".join(f"{n} (ms)" for n in names) + " | forward_cpu x native | "
+          + ("forward_cpu x compile | " if not args.no_compile else "") + "error vs float64 (" + ", ".join(names) + ") |")
+    print("|---|---|" + "---:|" * (len(names) + 2 + (not args.no_compile)))
+    with torch.no_grad():
+        for dtype_name in args.dtypes.split(","):
+            dtype = DTYPES[dtype_name]
+            gen = torch.Generator().manual_seed(0)
+            op = build_mla(args, dtype, gen)
+            reference = copy.deepcopy(op).to(torch.float64)
+            for case in args.cases.split(","):
+                pos, hidden, cache, meta = mla_batch(case, op, args.block_size, dtype, gen)
+                want = reference.forward_native(pos, hidden.double(), cache.double(), meta)
+                torch._dynamo.reset()  # a fresh graph per case: static shapes, no recompile limit
+                compiled = torch.compile(op.forward_native, dynamic=False)
+                fns = {"forward_native": op.forward_native, "compile": compiled, "forward_kernel": op.forward_kernel,
+                       "forward_cpu": op.forward_cpu}
+                paths = [lambda fn=fns[n]: fn(pos, hidden, cache, meta) for n in names]
+                errors = []
+                for name, path in zip(names, paths):
+                    err = float((path().double() - want).norm() / want.norm())
+                    assert err <= MLA_TOLERANCE[dtype], f"{case} {dtype_name} {name}: normwise error {err:.1e}"
+                    errors.append(f"{err:.0e}")
+                times = dict(zip(names, time_us(paths, args.min_time, clock)))
+                cells = " | ".join(f"{times[n][0] / 1e3:.2f} / {times[n][1] / 1e3:.2f}" for n in names)
+                ratios = [times["forward_native"][1] / times["forward_cpu"][1]]
+                if not args.no_compile:
+                    ratios.append(times["compile"][1] / times["forward_cpu"][1])
+                print(f"| {dtype_name} | {case} | {cells} | " + " | ".join(f"{r:.2f}" for r in ratios)
+                      + f" | {', '.join(errors)} |", flush=True)
+
+
+# ---- the command line ------------------------------------------------------------------------------
+
+FAMILIES = {"encoder": (add_encoder_args, run_encoder), "rel_pos": (add_rel_pos_args, run_rel_pos),
+            "mla": (add_mla_args, run_mla)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in FAMILIES and argv[0] not in ("-h", "--help"):
+        argv = ["encoder", *argv]  # the script's form before it had sub-commands
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="family", required=True)
+    for name, (add_args, run) in FAMILIES.items():
+        sub = commands.add_parser(name, help=run.__doc__.split(".")[0], description=run.__doc__)
+        add_args(sub)
+        add_timing_args(sub)
+        sub.set_defaults(run=run)
+    args = parser.parse_args(argv)
+    args.run(args)
 
 
 if __name__ == "__main__":

@@ -160,6 +160,13 @@ def cases():
                8, ("x_ptr", "out_ptr", "numel", "alpha_p_ptr", "alpha_n_ptr"))
     yield ("unary gelu_new 4096 i64 numel", act._unary_kernel, dict(_UNARY_SIG, numel="i64"),
            {"ACT": act.GELU_NEW.value, "BLOCK": 4096}, 8, ("x_ptr", "out_ptr", "numel"))
+    # Inductor's code for a streaming op: no bounds checks, 32-bit offsets, no eviction hint
+    yield ("unary quick_gelu even int32 no-evict 2048", act._unary_kernel, _UNARY_SIG,
+           {"ACT": act.QUICK_GELU.value, "BLOCK": 2048, "EVEN": True, "INT64": False, "EVICT": ""}, 4,
+           ("x_ptr", "out_ptr", "numel", "alpha_p_ptr", "alpha_n_ptr"))
+    yield ("and_mul silu even int32 no-evict 1x1024", act._and_mul_kernel, _AND_MUL_SIG,
+           {"ACT": act.SILU.value, "BLOCK_M": 1, "BLOCK_N": 1024, "EVEN": True, "INT64": False, "EVICT": ""}, 4,
+           ROW_ALIGNED)
 
 
 def _resource_usage(cubin: bytes, ptx: str, arch: int) -> dict[str, int]:

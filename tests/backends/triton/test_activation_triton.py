@@ -6,6 +6,8 @@ then the launchers directly (strided inputs, tilings, the looped variant) and th
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -108,6 +110,8 @@ _TILE_CODEGEN = [
     ((4, 256), _tuning.TileConfig(2, 64, 1, int32=False), (True, True)),  # 64-bit forced
     ((5, 200), _tuning.TileConfig(4, 32, 1, even=False, int32=False), (False, True)),  # the previous code
     ((4, 256), _tuning.TileConfig(2, 64, 1, even=False), (False, False)),
+    ((5, 200), _tuning.TileConfig(2, 64, 1, evict=False), (False, False)),  # no eviction hint
+    ((4, 256), _tuning.TileConfig(2, 64, 1, evict=False), (True, False)),
 ]
 
 
@@ -117,8 +121,8 @@ _TILE_CODEGEN = [
 @pytest.mark.parametrize("label", ["silu_and_mul", "gelu_and_mul[tanh]", "swigluoai_and_mul"])
 def test_gated_tile_codegen_knobs(label, shape, config, expect, dtype, monkeypatch, poison_empty):
     """The gated tile kernels' code generation (no bounds checks when the tile divides the
-    output, 32- / 64-bit offsets) on odd shapes: the launcher picks the expected constexprs and
-    the output (allocated NaN-poisoned) matches the float64 reference."""
+    output, 32- / 64-bit offsets, the eviction hint) on odd shapes: the launcher picks the expected
+    constexprs and the output (allocated NaN-poisoned) matches the float64 reference."""
     name = "_swigluoai_kernel" if label == "swigluoai_and_mul" else "_and_mul_kernel"
     launches = []
     kernel = getattr(act, name)
@@ -137,7 +141,45 @@ def test_gated_tile_codegen_knobs(label, shape, config, expect, dtype, monkeypat
     rows, d = shape
     x = _input((rows, 2 * d), dtype)
     got = TILED[label](x, op, config)
-    assert [(k["EVEN"], k["INT64"]) for k in launches] == [expect]
+    assert [(k["EVEN"], k["INT64"], k["EVICT"]) for k in launches] == [(*expect, "evict_first" if config.evict else "")]
+    assert_close(got, reference(case, x.double(), op).to(dtype), dtype)
+
+
+# (numel, config) -> (EVEN, INT64) the unary launcher must pick
+_FLAT_CODEGEN = [
+    (4096, _tuning.TileConfig(1, 1024, 4), (True, False)),  # the block divides numel: no checks
+    (4231, _tuning.TileConfig(1, 1024, 4), (False, False)),
+    (7, _tuning.TileConfig(1, 1024, 4, evict=False), (False, False)),
+    (2048, _tuning.TileConfig(1, 512, 1, even=False, int32=False), (False, True)),  # the previous code
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("numel,config,expect", _FLAT_CODEGEN,
+                         ids=[f"{n}-{c.block_n}-even{e}-int64{i}-evict{c.evict}" for n, c, (e, i) in _FLAT_CODEGEN])
+@pytest.mark.parametrize("label", ["quick_gelu", "relu2", "gelu_new"])
+def test_unary_flat_codegen_knobs(label, numel, config, expect, dtype, monkeypatch, poison_empty):
+    """The unary kernel's code generation (no bounds checks when the block divides numel, 32- /
+    64-bit offsets, the eviction hint): the expected constexprs, and the poisoned output matches
+    the float64 reference."""
+    launches = []
+    kernel = act._unary_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(kwargs)
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(act, "_unary_kernel", Spy())
+    case = BY_LABEL[label]
+    op = build(case)
+    x = _input((numel,), dtype)
+    with _tuning.override("flat", **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}):
+        got = LAUNCHERS[case.op](x, *kernel_args(op))
+    assert [(k["EVEN"], k["INT64"], k["EVICT"]) for k in launches] == [(*expect, "evict_first" if config.evict else "")]
     assert_close(got, reference(case, x.double(), op).to(dtype), dtype)
 
 
@@ -150,6 +192,8 @@ def test_tile_decode_class_and_sweep_filters():
     assert {"even": False, "int32": False} in decode and {"even": False, "int32": False} in prefill
     assert {"block_n": 256, "num_warps": 1} in decode and {"block_n": 256, "num_warps": 1} not in prefill
     assert {"block_n": 512, "num_warps": 8} in prefill
+    assert {"evict": False} in decode and {"evict": False} in prefill
+    assert {"evict": False, "block_n": 1024, "num_warps": 4} in prefill
 
 
 @pytest.mark.parametrize("label", ["gelu_and_mul_sparse[0.95]", "gelu_and_mul_sparse[0.3,tanh]"])

@@ -157,7 +157,8 @@ _DC = mamba_scan.DecodeConfig
 DECODE_CONFIGS = [  # every knob of the decode launch, on and off
     _DC(), _DC(4, 2, per_head=True, unmasked=True, offsets32=True, evict_first=True),
     _DC(2, 1, 2, per_head=True, unmasked=True), _DC(8, 4, 4, offsets32=True), _DC(1, 1, evict_first=True),
-    _DC(4, 4, 2, unmasked=True)]
+    _DC(4, 4, 2, unmasked=True), _DC(2, 2, per_head=True, unmasked=True, offsets32=True, state_major=True),
+    _DC(4, 1, 2, state_major=True)]
 
 
 @pytest.mark.parametrize("cfg", DECODE_CONFIGS, ids=lambda c: c.label().replace(" ", "-"))
@@ -225,7 +226,7 @@ def test_decode_config_default_and_override():
     assert mamba_scan.decode_config(64, 128) == _DC(8, 4, **on)
     assert mamba_scan.decode_meta(_DC(offsets32=True), 64, 128, True, offsets_fit_32=False)["OFF64"]
     assert mamba_scan.decode_meta(_DC(128, n_tiles=256), 64, 100, True, True) == dict(
-        BLOCK_P=64, BLOCK_N=1, N_TILES=128, PER_HEAD=False, EVEN=False, OFF64=True, EVICT="")
+        BLOCK_P=64, BLOCK_N=1, N_TILES=128, PER_HEAD=False, EVEN=False, OFF64=True, EVICT="", STATE_MAJOR=False)
     for bad in (dict(block_p=3), dict(n_tiles=0), dict(num_warps=3)):
         with pytest.raises(ValueError):
             _DC(**bad)
