@@ -56,8 +56,14 @@ def local_routing(topk_weights: Tensor, topk_ids: Tensor, expert_map: Tensor | N
     return torch.where(valid, topk_weights.float(), 0.0), torch.where(valid, local, 0)
 
 
+def _version(t: Tensor) -> int | None:
+    # inference tensors (made under torch.inference_mode) keep no version counter: an in-place write
+    # to one inside inference mode goes unseen by the cache
+    return None if t.is_inference() else t._version
+
+
 def _module(cls: type, w13: Tensor, w2: Tensor) -> Any:
-    key = (cls, w13.data_ptr(), w13._version, tuple(w13.shape), w13.stride(), w2.data_ptr(), w2._version,
+    key = (cls, w13.data_ptr(), _version(w13), tuple(w13.shape), w13.stride(), w2.data_ptr(), _version(w2),
            tuple(w2.shape), w2.stride(), w2.dtype)
     cached = _modules.get(w13)
     if cached is None or cached[0] != key:

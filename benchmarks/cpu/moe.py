@@ -7,9 +7,14 @@
 Experts, routing given (top-k ids and weights are inputs, as in the GPU spec): ``spec`` (the loop
 with fp32 GEMMs: forward_native), ``per_expert`` (the loop with GEMMs in the weights' dtype),
 ``grouped`` (``torch._grouped_mm``), ``compiled`` (Inductor on ``grouped``, dynamic shapes: one
-graph for every token count), and ``forward_cpu`` (what the op runs now). Methods are interleaved
+graph for every token count), and ``forward_cpu`` (what the op runs now). Where IPEX imports (its
+venv: torch 2.8, .ci/xpu.sh) two more columns: ``ipex`` (``GatedMLPMOE`` through the XPU backend's
+wrapper, ``backends/xpu/ipex_moe.py``, unprepacked as it runs there) and ``ipex_prepack`` (the same
+module built with ``use_prepack=True``, on copies of the weights: prepacking repacks them in place).
+torch 2.8 has no CPU ``_grouped_mm``: its grouped columns are ``-`` there. Methods are interleaved
 inside each round; the best round is reported (noise on this shared VM only adds time). Outputs
-are checked against ``spec`` first. The table goes to benchmarks/results/cpu_moe.md and sets
+are checked against a float64 run of the spec first: a column off by more than 2% is marked
+WRONG and is never the row's best. The table goes to benchmarks/results/cpu_moe.md and sets
 ``cpu.CHOICE``.
 """
 
@@ -18,10 +23,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+import math
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from customop.math import moe as moe_math
 from customop.ops.moe import cpu as moe_cpu
@@ -33,6 +41,44 @@ TOKENS = (1, 4, 16, 64, 256)
 
 
 CLOCK = time.perf_counter
+#: name -> experts function taking (x, w13, w2, topk_weights, topk_ids); filled by ``main`` where
+#: IPEX imports
+IPEX: dict[str, Callable[..., torch.Tensor]] = {}
+
+
+def load_ipex() -> tuple[str | None, dict[str, Callable[..., torch.Tensor]]]:
+    """(IPEX's version, the IPEX columns), or (None, {}) where IPEX is absent or does not fit this
+    torch (importing a mismatched IPEX exits the process, so the versions are compared first)."""
+    from customop.backends.xpu import ipex_moe, probe
+
+    env = probe.probe()
+    if env.ipex_version is None or probe.major_minor(env.ipex_version) != probe.major_minor(env.torch_version):
+        return None, {}
+    try:
+        import intel_extension_for_pytorch as ipex
+    except (ImportError, OSError, RuntimeError, SystemExit):
+        return None, {}
+    plain_cls = ipex.llm.modules.GatedMLPMOE
+
+    class Prepacked(plain_cls):
+        def __init__(self, W13, W2, W3=None, use_prepack=False):  # noqa: N803  (IPEX's names)
+            super().__init__(W13.clone(), W2.clone(), W3, use_prepack=True)
+
+    def column(cls: type, own_weights: bool) -> Callable[..., torch.Tensor]:
+        kernel = ipex_moe.bind(None, SimpleNamespace(GatedMLPMOE=cls))
+        copies = WeakIdKeyDictionary()  # w13 -> this column's (w13, w2)
+
+        def run(x, w13, w2, topk_weights, topk_ids):
+            if own_weights:  # the wrapper caches one module per w13: the two columns must not share one
+                if w13 not in copies:
+                    copies[w13] = (w13.clone(), w2.clone())
+                w13, w2 = copies[w13]
+            return kernel.run(x, w13, w2, topk_weights, topk_ids, None, None, None, "silu", 1.0, math.inf, 0.0,
+                              False)
+
+        return run
+
+    return ipex.__version__, {"ipex": column(plain_cls, False), "ipex_prepack": column(Prepacked, True)}
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
@@ -62,20 +108,27 @@ def bench_experts(model: str, tokens: int, dtype: torch.dtype, rounds: int) -> s
     x = torch.randn(tokens, h, generator=gen).to(dtype)
     weights, ids = moe_math.fused_topk(torch.randn(tokens, e, generator=gen), k, True)
     args = (x, w13, w2, weights, ids)
-    # Dynamo's fake _grouped_mm takes bf16 only (eager CPU takes every float dtype)
-    fns = {name: (lambda f=f: f(*args)) for name, f in moe_cpu.FORMULATIONS.items()
-           if name != "compiled" or dtype == torch.bfloat16}
+    # Dynamo's fake _grouped_mm takes bf16 only (eager CPU takes every float dtype); torch 2.8 has
+    # no CPU _grouped_mm at all
+    grouped_ok = moe_cpu.GROUPED_MM_ON_CPU
+    fns = {name: (lambda f=f: f(*args)) for name, f in (*moe_cpu.FORMULATIONS.items(), *IPEX.items())
+           if (name not in ("grouped", "compiled") or grouped_ok) and (name != "compiled" or dtype == torch.bfloat16)}
     fns["forward_cpu"] = lambda: moe_cpu.fused_experts(*args)
-    want = moe_math.fused_experts(*args).double()
+    # the reference: the spec in float64 on the same inputs
+    want = moe_math.fused_experts(*(t.double() if t.is_floating_point() else t for t in args))
     errors = {name: float((fn().double() - want).norm() / want.norm()) for name, fn in fns.items()}
-    bad = [f"{n} {err:.1e}" for n, err in errors.items() if err > 2e-2]
+    bad = {n: err for n, err in errors.items() if not err <= 2e-2}  # NaN is wrong too
     t = time_interleaved(fns, rounds if tokens * k * h * i < 1 << 30 else max(3, rounds // 2))
     us = {n: v * 1e6 for n, v in t.items()}
     flops = 2 * 3 * tokens * k * h * i
-    best = min((n for n in us if n != "forward_cpu"), key=us.get)
-    cells = " | ".join(f"{us[n]:.0f}" if n in us else "-" for n in (*moe_cpu.FORMULATIONS, "forward_cpu"))
+    best = min((n for n in us if n != "forward_cpu" and n not in bad), key=us.get)
+    cells = " | ".join(f"{us[n]:.0f}" if n in us else "-" for n in columns())
     return (f"| {model} E{e} k{k} H{h} I{i} | {str(dtype).removeprefix('torch.')} | {tokens} | {cells} | {best} | "
-            f"{flops / t[best] / 1e9:.1f} |" + (f" WRONG: {', '.join(bad)}" if bad else ""))
+            f"{flops / t[best] / 1e9:.1f} |" + (" WRONG: " + ", ".join(f"{n} {e:.1e}" for n, e in bad.items()) if bad else ""))
+
+
+def columns() -> tuple[str, ...]:
+    return (*moe_cpu.FORMULATIONS, *IPEX, "forward_cpu")
 
 
 def bench_routing(num_experts: int, tokens: int, rounds: int) -> str:
@@ -110,9 +163,11 @@ def main() -> None:
         CLOCK = time.thread_time
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"date {datetime.date.today()}  torch {torch.__version__}  threads {torch.get_num_threads()}  "
+    ipex_version, columns_ = load_ipex()
+    IPEX.update(columns_)
+    print(f"date {datetime.date.today()}  torch {torch.__version__}  IPEX {ipex_version or 'absent'}  threads {torch.get_num_threads()}  "
           f"cpu {platform.processor() or platform.machine()}  best of {args.rounds} rounds  clock {args.clock}")
-    names = (*moe_cpu.FORMULATIONS, "forward_cpu")
+    names = columns()
     print("| layer | dtype | tokens | " + " | ".join(f"{n} us" for n in names) + " | best | best GFLOP/s |")
     print("|---|---|---|" + "---|" * len(names) + "---|---|")
     with torch.inference_mode():

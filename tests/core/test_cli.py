@@ -68,7 +68,12 @@ def test_moe_routes_on_cuda_read_the_tuning_table():
     routes = {(label.split()[0], int(tokens)): route for label, tokens, route in rows}
     mixtral, qwen = routes["Mixtral-8x7B", 256], routes["Qwen3-30B-A3B", 1]
     assert mixtral.startswith("triton block_m=128") and mixtral.endswith("(table)")
-    assert qwen.startswith("triton sparse decode") and qwen.endswith("(default)")
+    assert qwen.startswith("triton sparse decode") and qwen.endswith("(table)")
+    # a shape without a row takes default_config, and says so
+    from customop.backends.triton import moe_tuning
+
+    untuned = moe_tuning.route(torch.device("cuda"), 256, 64, 1408, 2048, 6, torch.bfloat16)
+    assert untuned.startswith("triton block_m=") and untuned.endswith("(default)")
 
 
 def test_dispatch_report_resolves_fallbacks_and_replacements(two_ops):

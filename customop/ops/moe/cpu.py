@@ -12,6 +12,9 @@ Candidates, all the spec's math (``customop/math/moe.py``):
   shapes: what runs inside a caller's ``torch.compile``);
 - ``compiled``: Inductor's compilation of ``grouped`` (bf16 only: Dynamo's ``_grouped_mm``
   rejects other dtypes), one graph with dynamic shapes for every token count.
+
+torch 2.8 (the torch that IPEX 2.8 needs) has no CPU kernel for ``_grouped_mm``: there the
+grouped forms give way to ``per_expert``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ CHOICE: dict[torch.dtype, str] = {torch.bfloat16: "compiled", torch.float16: "gr
 #: "compiled" runs from this many (token, k) slots; below, the eager grouped form: the same speed
 #: there, without a compile per layer variant (seconds each) for decode-only or check-sized calls
 COMPILE_FROM_SLOTS = 128
+#: whether this torch runs ``torch._grouped_mm`` on CPU tensors (2.8: no kernel; 2.13: a composite
+#: one). A dispatcher table lookup, not a call: cheap at import and constant inside torch.compile.
+GROUPED_MM_ON_CPU = torch._C._dispatch_has_computed_kernel_for_dispatch_key("aten::_grouped_mm", "CPU")
 
 
 def per_expert(x, w13, w2, topk_weights, topk_ids, expert_map=None, w13_bias=None, w2_bias=None,
@@ -80,8 +86,9 @@ FORMULATIONS = {"spec": _math.fused_experts, "per_expert": per_expert, "grouped"
 
 
 def grouped_applies(x: torch.Tensor, w2: torch.Tensor) -> bool:
-    """``torch._grouped_mm`` wants rows of 16-byte multiples (H and I; fp16 checks it on CPU)."""
-    return _aligned(x.shape[1], w2.shape[2], x.dtype)
+    """``torch._grouped_mm`` runs on CPU tensors here and takes these rows: 16-byte multiples (H
+    and I; fp16 checks it on CPU)."""
+    return GROUPED_MM_ON_CPU and _aligned(x.shape[1], w2.shape[2], x.dtype)
 
 
 def _aligned(hidden: int, inter: int, dtype: torch.dtype) -> bool:
@@ -111,7 +118,7 @@ def route(tokens: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype) 
     """``choice`` from the shape alone (``customop info`` reports it without building tensors):
     ``inter`` is the intermediate size per rank."""
     name = CHOICE.get(dtype, "spec")
-    if name in ("grouped", "compiled") and not _aligned(hidden, inter, dtype):
+    if name in ("grouped", "compiled") and not (GROUPED_MM_ON_CPU and _aligned(hidden, inter, dtype)):
         return "per_expert"
     if name == "compiled" and tokens * top_k < COMPILE_FROM_SLOTS:
         return "grouped"
