@@ -150,9 +150,17 @@ QUANT_ROW_ELEMS_PER_THREAD: dict[str, int] = {"cuda": 64}
 #: H200, bf16, graph-free medians: 2048 / 4 warps beat 4096 / 8 by 1-2 us on the 4096 x 8192
 #: unary ops (36.6-37.3 vs 38.2-38.8; same-size copy 36.1-37.6), 1024 / 2 is best or tied on the
 #: gated ops (gelu erf 97.3 vs 103-106 at 8 per thread), 1024 / 4 is best at decode (1.3-1.4 us).
+#: Streaming sizes (``stream_*``; H200 sweep 2026-12-02, bf16, against Inductor's code, which has
+#: no eviction hint, no masks and 32-bit offsets): above ``decode_tokens`` rows the gated tile is
+#: 2048 elements at 8 warps without the evict-first hint (silu_and_mul 4096 / 32768 x 2 x 14336:
+#: 82.0 / 639.1 us, was 87.0 / 678.6; compile 81.9 / 639.1); unary ops from ``stream_flat_numel``
+#: elements take 1024-element blocks at 4 warps without the hint (quick_gelu 32768 x 8192: 251.7
+#: us, was 260.7; compile 253.1). Below those sizes the hint measured as fast or faster.
 TILE_TABLE: dict[str, dict[str, int]] = {
     "cuda": {"tile_elems": 1024, "tile_min_n": 1024, "flat_elems": 2048, "flat_min": 1024, "elems_per_warp": 512,
-             "small_elems_per_warp": 256, "decode_tokens": 256, "decode_min_n": 1024},
+             "small_elems_per_warp": 256, "decode_tokens": 256, "decode_min_n": 1024,
+             "stream_tile_elems": 2048, "stream_elems_per_warp": 256, "stream_flat_numel": 1 << 20,
+             "stream_flat_elems": 1024},
 }
 #: (tile, decode rows) up to ``decode_tokens`` rows the gated tile may shrink to ``decode_min_n``
 #: columns (instead of ``tile_min_n``) to spread the few rows over more SMs; the ``tile`` sweep's
@@ -266,25 +274,33 @@ def tile_config(device: torch.device, n_rows: int, n_cols: int) -> TileConfig:
 @functools.lru_cache(maxsize=512)
 def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int) -> TileConfig:
     t = _table(TILE_TABLE, kind)
-    block_n = min(next_pow2(n_cols), t["tile_elems"])
-    block_m = min(max(1, t["tile_elems"] // block_n), next_pow2(n_rows))
-    min_n = t["decode_min_n"] if n_rows <= t["decode_tokens"] else t["tile_min_n"]
+    stream = n_rows > t["decode_tokens"]
+    elems = t["stream_tile_elems"] if stream else t["tile_elems"]
+    block_n = min(next_pow2(n_cols), elems)
+    block_m = min(max(1, elems // block_n), next_pow2(n_rows))
+    min_n = t["tile_min_n"] if stream else t["decode_min_n"]
     while block_n > min_n and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
         block_n //= 2
     small = _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms
-    warps = max(1, min(8, block_m * block_n // t["small_elems_per_warp" if small else "elems_per_warp"]))
-    return TileConfig(block_m, block_n, _warps(kind, warps))
+    per_warp = t["small_elems_per_warp"] if small else t["stream_elems_per_warp"] if stream else t["elems_per_warp"]
+    warps = max(1, min(8, block_m * block_n // per_warp))
+    return TileConfig(block_m, block_n, _warps(kind, warps), evict=not stream)
 
 
-def flat_config(device: torch.device, numel: int) -> TileConfig:
-    """1-D elementwise block over ``numel`` elements (``block_m`` is 1)."""
+def flat_config(device: torch.device, numel: int, unary: bool = False) -> TileConfig:
+    """1-D elementwise block over ``numel`` elements (``block_m`` is 1). ``unary``: the unary
+    activations' kernel, which has a streaming class (TILE_TABLE's ``stream_flat_*``); the other
+    users of flat blocks (per-tensor quant) were not swept for it."""
     kind = device_kind(device)
-    return _apply_override("flat", _flat_config(kind, sm_count(device), numel))
+    return _apply_override("flat", _flat_config(kind, sm_count(device), numel, unary))
 
 
 @functools.lru_cache(maxsize=512)
-def _flat_config(kind: str, sms: int, numel: int) -> TileConfig:
+def _flat_config(kind: str, sms: int, numel: int, unary: bool = False) -> TileConfig:
     t = _table(TILE_TABLE, kind)
+    if unary and numel >= t["stream_flat_numel"]:
+        block = t["stream_flat_elems"]
+        return TileConfig(1, block, _warps(kind, block // t["stream_elems_per_warp"]), evict=False)
     block = t["flat_elems"]
     while block > t["flat_min"] and _cdiv(numel, block) < 2 * sms:
         block //= 2

@@ -328,7 +328,7 @@ def _unary(x: torch.Tensor, act: tl.constexpr, alpha_p: torch.Tensor | None = No
     numel = out.numel()
     if numel == 0:
         return out
-    cfg = config or _tuning.flat_config(x.device, numel)
+    cfg = config or _tuning.flat_config(x.device, numel, unary=True)
     p = alpha_p if alpha_p is not None else xc
     n = alpha_n if alpha_n is not None else xc
     blocks = triton.cdiv(numel, cfg.block_n)

@@ -241,10 +241,19 @@ class DecodeConfig:
 _DECODE_OVERRIDE: list[DecodeConfig] = []
 
 
-def decode_config(head_dim: int, state_size: int) -> DecodeConfig:
-    """The decode launch for a head of ``head_dim`` rows x ``state_size`` columns: the active
-    override, else (BLOCK_P, N) fp32 tiles of 1K values at 4 warps (8 x 128 for Mamba-2) with
-    every code variant on (per-head scalars, unmasked tiles, 32-bit offsets, evict-first).
+#: decode batches from which the programs go in state order (``DecodeConfig.state_major``). H200
+#: sweep, 2026-12-02, bf16 activations, fp32 state, 8 x 128 tiles at 4 warps: Nemotron-H batch 16
+#: / 64 / 256 34.3 / 130.2 / 526.3 us in state order against 35.9 / 140.9 / 590.7 requests first
+#: (98% of the 4220 GB/s copy at 64 and 256, was 86-91%); Mamba-2 2.7B 64 / 256: 82.0 / 323.6 against
+#: 87.0 / 350.5; at batch 1 requests first stays ahead (Nemotron-H 3.3 us against 3.5).
+STATE_MAJOR_MIN_BATCH = 16
+
+
+def decode_config(head_dim: int, state_size: int, batch: int = 0) -> DecodeConfig:
+    """The decode launch for a head of ``head_dim`` rows x ``state_size`` columns and ``batch``
+    requests: the active override, else (BLOCK_P, N) fp32 tiles of 1K values at 4 warps (8 x 128
+    for Mamba-2) with every code variant on (per-head scalars, unmasked tiles, 32-bit offsets,
+    evict-first), in state order from STATE_MAJOR_MIN_BATCH requests.
     The H200 sweep (``--sweep-decode``, 2026-12-01, bf16 activations, fp32 state) chose it: at
     batch 64 / 256, 1.16x / 1.13x the previous 16-row tiles without the variants (Mamba-2 2.7B)
     and 1.21x / 1.14x (Nemotron-H); best or within 4% of the best config at every batch >= 16,
@@ -253,7 +262,8 @@ def decode_config(head_dim: int, state_size: int) -> DecodeConfig:
         return _DECODE_OVERRIDE[-1]
     block_n = max(16, next_pow2(state_size))
     return DecodeConfig(block_p=max(1, min(next_pow2(head_dim), 1024 // block_n, 64)), num_warps=4,
-                        per_head=True, unmasked=True, offsets32=True, evict_first=True)
+                        per_head=True, unmasked=True, offsets32=True, evict_first=True,
+                        state_major=batch >= STATE_MAJOR_MIN_BATCH)
 
 
 @contextlib.contextmanager
@@ -311,7 +321,7 @@ def _decode_launch(x, dt, A, B, C, D, z, dt_bias, ssm_states, slots, dt_softplus
     S = slots.shape[0]
     if T == 0 or S == 0:
         return out
-    cfg = decode_config(P, N)
+    cfg = decode_config(P, N, slots.shape[0])
     full_n = max(16, next_pow2(N))
     block_p = max(1, min(cfg.block_p, next_pow2(P)))
     p_pad = triton.cdiv(P, block_p) * block_p

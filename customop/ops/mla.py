@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from customop.backends.cpu.mla import latent_decode_by_rows
 from customop.custom_op import CustomOp
 from customop.math.mla import MLADims, MLAMetadata, mla_attention  # noqa: F401  (re-exported)
 
@@ -150,6 +151,18 @@ class MultiHeadLatentAttentionWrapper(CustomOp):
         return self.forward_kernel(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling)
 
     forward_xpu = forward_tpu = forward_cuda
+
+    def forward_cpu(self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache: torch.Tensor | None = None,
+                    attn_metadata: MLAMetadata | None = None,
+                    llama_4_scaling: torch.Tensor | None = None) -> torch.Tensor:
+        """The spec, with the decode requests' latent attention for the whole batch through
+        ``latent_decode_by_rows`` (``backends/cpu/mla.py``: the weights absorbed once, each row's
+        history gathered by blocks, fp32 scores and softmax); prefills as in the spec. Inside a
+        caller's ``torch.compile`` the spec's walk runs (``customop::mla_attention``)."""
+        if torch.compiler.is_compiling():
+            return self.forward_native(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling)
+        return self._layer(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling,
+                           latent_decode=latent_decode_by_rows)
 
     def forward_kernel(self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache: torch.Tensor | None = None,
                        attn_metadata: MLAMetadata | None = None,

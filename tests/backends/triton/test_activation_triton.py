@@ -186,7 +186,12 @@ def test_unary_flat_codegen_knobs(label, numel, config, expect, dtype, monkeypat
 def test_tile_decode_class_and_sweep_filters():
     """The decode rows of TILE_TABLE and the ``tile`` sweep's shape filters."""
     assert _tuning._tile_config("cuda", 132, 1, 14336) == _tuning.TileConfig(1, 1024, 4)
-    assert _tuning._tile_config("cuda", 132, 32768, 14336).block_n == 1024
+    assert _tuning._tile_config("cuda", 132, 256, 14336).evict  # decode class: the hint stays
+    assert _tuning._tile_config("cuda", 132, 32768, 14336) == _tuning.TileConfig(1, 2048, 8, evict=False)
+    # the unary streaming class, and per-tensor quant's flat blocks left as they were
+    assert _tuning._flat_config("cuda", 132, 32768 * 8192, True) == _tuning.TileConfig(1, 1024, 4, evict=False)
+    assert _tuning._flat_config("cuda", 132, 32768 * 8192) == _tuning.TileConfig(1, 2048, 4)
+    assert _tuning._flat_config("cuda", 132, 16 * 8192, True).evict
     decode = _tuning.sweep_alternatives(_tuning.SWEEP["tile"], 16, 14336)
     prefill = _tuning.sweep_alternatives(_tuning.SWEEP["tile"], 32768, 14336)
     assert {"even": False, "int32": False} in decode and {"even": False, "int32": False} in prefill

@@ -219,6 +219,8 @@ def test_decode_config_default_and_override():
     on = dict(per_head=True, unmasked=True, offsets32=True, evict_first=True)
     assert mamba_scan.decode_config(64, 128) == _DC(8, 4, **on)
     assert mamba_scan.decode_config(40, 16) == _DC(64, 4, **on)
+    assert mamba_scan.decode_config(64, 128, batch=15) == _DC(8, 4, **on)
+    assert mamba_scan.decode_config(64, 128, batch=16) == _DC(8, 4, **on, state_major=True)
     with mamba_scan.override_decode_config(_DC(2, 1)):
         with mamba_scan.override_decode_config(_DC(4, 2)):
             assert mamba_scan.decode_config(64, 128) == _DC(4, 2)

@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import customop
 from customop.backends.xpu import chain, ipex_moe
+from customop.ops.moe import cpu as moe_cpu
 from customop.samples.moe import LAYERS_BY_LABEL, routed_inputs
 from customop.testing import forced_platform
 from tests.backends.xpu import fake_ipex
@@ -120,6 +121,15 @@ def test_hands_on_what_it_cannot_compute(label):
     assert not ipex_moe.supports(*op_args(layer, x, w, ids))
 
 
+def test_weights_made_under_inference_mode(modules):
+    """Inference tensors keep no version counter; the module cache takes them all the same."""
+    with torch.inference_mode():
+        case, layer = build("silu E6 k3 H40 I24", torch.bfloat16)
+        x, w, ids = routed_inputs(layer, case, 7, torch.bfloat16, generator=gen("inference"))
+        out = ipex_moe.bind(None, modules).run(*op_args(layer, x, w, ids))
+    ref.assert_layer("inference mode", out, ref.experts(layer, x, w, ids), torch.bfloat16)
+
+
 def test_builds_without_gated_mlp_moe_bind_nothing():
     assert ipex_moe.bind(None, None) is None and ipex_moe.bind(None, SimpleNamespace()) is None
 
@@ -219,3 +229,20 @@ def test_triton_takes_what_ipex_cannot(xpu_build_with_moe, monkeypatch):
         ref.assert_layer(label, xpu_kernel("fused_experts", *op_args(layer, x, w, ids)),
                          ref.experts(layer, x, w, ids), torch.float32)
     assert seen == ["customop::fused_experts"]  # the gelu layer only
+
+
+# ---- forward_cpu's experts under this tier's torch ------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("label", ["silu E8 k2 H96 I64", "ep2 rank1 E8 k2", "k=E E4 k4", "silu E64 k8 H40 I24"])
+def test_cpu_experts_on_this_torch(label, dtype):
+    """forward_cpu's experts run on every torch customop takes: torch 2.8 (this tier's) has no CPU
+    ``_grouped_mm``, so the grouped forms give way to the per-expert loop there."""
+    case, layer = build(label, dtype)
+    for tokens in (1, 7, 64):
+        x, w, ids = routed_inputs(layer, case, tokens, dtype, generator=gen(label, tokens, "cpu"))
+        if not moe_cpu.GROUPED_MM_ON_CPU:
+            assert moe_cpu.choice(x, layer.w2_weight, case.top_k) == "per_expert"
+        ref.assert_layer(f"{label} T={tokens}", moe_cpu.fused_experts(*op_args(layer, x, w, ids)),
+                         ref.experts(layer, x, w, ids), dtype)
