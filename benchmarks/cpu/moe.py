@@ -123,8 +123,9 @@ def bench_experts(model: str, tokens: int, dtype: torch.dtype, rounds: int) -> s
     flops = 2 * 3 * tokens * k * h * i
     best = min((n for n in us if n != "forward_cpu" and n not in bad), key=us.get)
     cells = " | ".join(f"{us[n]:.0f}" if n in us else "-" for n in columns())
+    wrong = " WRONG: " + ", ".join(f"{n} {err:.1e}" for n, err in bad.items()) if bad else ""
     return (f"| {model} E{e} k{k} H{h} I{i} | {str(dtype).removeprefix('torch.')} | {tokens} | {cells} | {best} | "
-            f"{flops / t[best] / 1e9:.1f} |" + (" WRONG: " + ", ".join(f"{n} {e:.1e}" for n, e in bad.items()) if bad else ""))
+            f"{flops / t[best] / 1e9:.1f} |{wrong}")
 
 
 def columns() -> tuple[str, ...]:
@@ -165,8 +166,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     ipex_version, columns_ = load_ipex()
     IPEX.update(columns_)
-    print(f"date {datetime.date.today()}  torch {torch.__version__}  IPEX {ipex_version or 'absent'}  threads {torch.get_num_threads()}  "
-          f"cpu {platform.processor() or platform.machine()}  best of {args.rounds} rounds  clock {args.clock}")
+    print(f"date {datetime.date.today()}  torch {torch.__version__}  IPEX {ipex_version or 'absent'}  "
+          f"threads {torch.get_num_threads()}  cpu {platform.processor() or platform.machine()}  best of {args.rounds} rounds  clock {args.clock}")
     names = columns()
     print("| layer | dtype | tokens | " + " | ".join(f"{n} us" for n in names) + " | best | best GFLOP/s |")
     print("|---|---|---|" + "---|" * len(names) + "---|---|")
