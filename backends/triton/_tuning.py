@@ -265,16 +265,19 @@ def row_grid(device: torch.device, cfg: RowConfig, n_rows: int) -> tuple[tuple[i
     return (blocks,), 1
 
 
-def tile_config(device: torch.device, n_rows: int, n_cols: int) -> TileConfig:
-    """2-D elementwise tile over an ``[n_rows, n_cols]`` output."""
+def tile_config(device: torch.device, n_rows: int, n_cols: int, streaming_class: bool = True) -> TileConfig:
+    """2-D elementwise tile over an ``[n_rows, n_cols]`` output. ``streaming_class=False`` keeps
+    the mid-size tile at streaming sizes too, for the ops not measured faster in the streaming one
+    (gelu_and_mul's erf gate, compute-bound there, ran at 99.4 / 789.7 us at 4096 / 32768 x 2 x
+    14336 in it against 93.4 / 737.2 in the mid-size tile; H200, 2026-12-02 / 2026-11-29)."""
     kind = device_kind(device)
-    return _apply_override("tile", _tile_config(kind, sm_count(device), n_rows, n_cols))
+    return _apply_override("tile", _tile_config(kind, sm_count(device), n_rows, n_cols, streaming_class))
 
 
 @functools.lru_cache(maxsize=512)
-def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int) -> TileConfig:
+def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class: bool = True) -> TileConfig:
     t = _table(TILE_TABLE, kind)
-    stream = n_rows > t["decode_tokens"]
+    stream = streaming_class and n_rows > t["decode_tokens"]
     elems = t["stream_tile_elems"] if stream else t["tile_elems"]
     block_n = min(next_pow2(n_cols), elems)
     block_m = min(max(1, elems // block_n), next_pow2(n_rows))

@@ -231,6 +231,13 @@ def _gated_io(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return out, rows, out.view(-1, d)
 
 
+#: the gated activations measured faster in _tuning's streaming tile (H200, 2026-12-02, 4096 and
+#: 32768 x 2 x 14336: silu / mul_and_silu / fatrelu 0.94-0.95x -> 1.00x compile, gelu tanh 0.95x
+#: -> 1.02x); erf (compute-bound there) and swigluoai (87.0 -> 89.1 us at 4096) were slower in it,
+#: the clamp / situ / swiglustep codes were not measured: they keep the mid-size tile
+_STREAMING_TILE_ACTS = frozenset(code.value for code in (SILU, FATRELU, GELU_TANH))
+
+
 def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *args, **constexprs) -> torch.Tensor:
     """A gated op's launch over ``[n_rows, d]`` output tiles: ``kernel(rows, out_rows, n_rows, d,
     x_stride, out_stride, *args, **constexprs, BLOCK_M, BLOCK_N)`` in row-major tile order."""
@@ -238,7 +245,8 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
     n_rows, d = out_rows.shape
     if out.numel() == 0:
         return out
-    cfg = config or _tuning.tile_config(x.device, n_rows, d)
+    streaming = kernel is _and_mul_kernel and constexprs["ACT"] in _STREAMING_TILE_ACTS
+    cfg = config or _tuning.tile_config(x.device, n_rows, d, streaming_class=streaming)
     row_blocks, col_blocks = triton.cdiv(n_rows, cfg.block_m), triton.cdiv(d, cfg.block_n)
     grid = (row_blocks * col_blocks,)
     x_stride = row_stride(rows)

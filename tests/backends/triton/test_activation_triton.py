@@ -188,6 +188,7 @@ def test_tile_decode_class_and_sweep_filters():
     assert _tuning._tile_config("cuda", 132, 1, 14336) == _tuning.TileConfig(1, 1024, 4)
     assert _tuning._tile_config("cuda", 132, 256, 14336).evict  # decode class: the hint stays
     assert _tuning._tile_config("cuda", 132, 32768, 14336) == _tuning.TileConfig(1, 2048, 8, evict=False)
+    assert _tuning._tile_config("cuda", 132, 32768, 14336, False) == _tuning.TileConfig(1, 1024, 2)  # erf gate
     # the unary streaming class, and per-tensor quant's flat blocks left as they were
     assert _tuning._flat_config("cuda", 132, 32768 * 8192, True) == _tuning.TileConfig(1, 1024, 4, evict=False)
     assert _tuning._flat_config("cuda", 132, 32768 * 8192) == _tuning.TileConfig(1, 2048, 4)
@@ -278,3 +279,24 @@ def test_library_op_runs_kernel_and_passes_opcheck_and_compile(case):
     calls.clear()
     op(x, *extra)  # the reference implementation is back
     assert not calls
+
+
+@pytest.mark.parametrize("label,streaming", [("silu_and_mul", True), ("mul_and_silu", True), ("fatrelu_and_mul", True),
+                                             ("gelu_and_mul[tanh]", True), ("gelu_and_mul[none]", False),
+                                             ("swigluoai_and_mul", False), ("swiglustep_and_mul", False)])
+def test_streaming_tile_only_for_the_measured_gated_ops(label, streaming, monkeypatch):
+    """Above the decode rows only the gated ops measured faster in the streaming tile ask for it;
+    the others keep the mid-size tile at every size (and the result is right either way)."""
+    asked = []
+    real = _tuning.tile_config
+
+    def spy(device, n_rows, n_cols, streaming_class=True):
+        asked.append(streaming_class)
+        return real(device, n_rows, n_cols, streaming_class)
+
+    monkeypatch.setattr(_tuning, "tile_config", spy)
+    case = BY_LABEL[label]
+    x = _input((300, 2 * 40), torch.float32)
+    got, want = run_launcher(case, x)
+    assert asked == [streaming]
+    assert_close(got, want, torch.float32)
