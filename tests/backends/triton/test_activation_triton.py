@@ -101,6 +101,23 @@ def test_gated_tile_configs(label, config, poison_empty):
     assert_close(TILED[label](x, op, config), reference(case, x.double(), op), torch.float32)
 
 
+def spy_launches(monkeypatch, name: str) -> list[dict]:
+    """Replaces the Triton kernel ``act.<name>`` by a pass-through that records each launch's
+    keyword arguments (the constexprs the launcher picked) in the returned list."""
+    launches, kernel = [], getattr(act, name)
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(kwargs)
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(act, name, Spy())
+    return launches
+
+
 # (rows, d, config) -> (EVEN, INT64) the launcher must pick
 _TILE_CODEGEN = [
     ((4, 256), _tuning.TileConfig(2, 64, 1), (True, False)),  # the tile divides the output: no checks
@@ -123,19 +140,7 @@ def test_gated_tile_codegen_knobs(label, shape, config, expect, dtype, monkeypat
     """The gated tile kernels' code generation (no bounds checks when the tile divides the
     output, 32- / 64-bit offsets, the eviction hint) on odd shapes: the launcher picks the expected
     constexprs and the output (allocated NaN-poisoned) matches the float64 reference."""
-    name = "_swigluoai_kernel" if label == "swigluoai_and_mul" else "_and_mul_kernel"
-    launches = []
-    kernel = getattr(act, name)
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launches.append(kwargs)
-                return kernel[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(act, name, Spy())
+    launches = spy_launches(monkeypatch, "_swigluoai_kernel" if label == "swigluoai_and_mul" else "_and_mul_kernel")
     case = BY_LABEL[label]
     op = build(case)
     rows, d = shape
@@ -162,18 +167,7 @@ def test_unary_flat_codegen_knobs(label, numel, config, expect, dtype, monkeypat
     """The unary kernel's code generation (no bounds checks when the block divides numel, 32- /
     64-bit offsets, the eviction hint): the expected constexprs, and the poisoned output matches
     the float64 reference."""
-    launches = []
-    kernel = act._unary_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launches.append(kwargs)
-                return kernel[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(act, "_unary_kernel", Spy())
+    launches = spy_launches(monkeypatch, "_unary_kernel")
     case = BY_LABEL[label]
     op = build(case)
     x = _input((numel,), dtype)
