@@ -414,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{spec.name:26s} {shape.label:14s} customop {mine.get('us', float('nan')):8.1f} us "
                 f"{mine.get('pct_copy', 0):4.0f}% copy  speedup {row.get('speedup', float('nan')):.2f}x "
                 f"({time.perf_counter() - t1:.1f} s)")
-        write_outputs(args.out, env, rows, impl_names, copy_gbps, skipped, final=False)
+            # after every row: a run stopped from outside (a device lease's time limit) keeps its rows
+            write_outputs(args.out, env, rows, impl_names, copy_gbps, skipped, final=False)
     write_outputs(args.out, env, rows, impl_names, copy_gbps, skipped, final=True)
     if args.sweep:
         print(sweep_report(rows))
