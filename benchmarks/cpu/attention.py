@@ -219,8 +219,9 @@ def build_mla(args: argparse.Namespace, dtype: torch.dtype, gen: torch.Generator
         common = {"kv_a_layernorm": norm(rank), "kv_b_proj": linear(rank, heads * (nope + v)), "rotary_emb": rotary,
                   "o_proj": linear(heads * v, hidden)}
         if q_lora:
-            modules = MLAModules(**common, fused_qkv_a_proj=linear(hidden, q_lora + rank + rope), kv_a_proj_with_mqa=None,
-                                 q_a_layernorm=norm(q_lora), q_b_proj=linear(q_lora, heads * (nope + rope)), q_proj=None)
+            modules = MLAModules(**common, fused_qkv_a_proj=linear(hidden, q_lora + rank + rope),
+                                 kv_a_proj_with_mqa=None, q_a_layernorm=norm(q_lora),
+                                 q_b_proj=linear(q_lora, heads * (nope + rope)), q_proj=None)
         else:
             modules = MLAModules(**common, fused_qkv_a_proj=None, kv_a_proj_with_mqa=linear(hidden, rank + rope),
                                  q_a_layernorm=None, q_b_proj=None, q_proj=linear(hidden, heads * (nope + rope)))
@@ -271,17 +272,17 @@ def run_mla(args: argparse.Namespace) -> None:
     ``customop::mla_attention`` running the spec's walk, so only the projections, norms and rotary
     around it compile); ``forward_kernel`` (the accelerators' route: decode rows through
     ``customop::mla_decode``, fresh prefills packed through ``customop::varlen_attn``, here their
-    CPU bodies); ``forward_cpu``. Every path is first checked against a float64 run of the spec on
-    the same inputs (normwise relative error, printed; fp32 within 1e-5, 16-bit within four unit
-    roundoffs)."""
+    CPU bodies); ``forward_cpu`` (that route with ``backends/cpu/mla.py``'s decode). Every path is
+    first checked against a float64 run of the spec on the same inputs (normwise relative error,
+    printed; fp32 within 1e-5, 16-bit within four unit roundoffs)."""
     clock = start_run(args)
     print(f"{args.heads} heads, qk_nope/qk_rope/v/kv_lora {args.dims}, q_lora {args.q_lora or 'none'}, hidden "
-          f"{args.hidden}, block size {args.block_size}; forward_cpu's batched decode from "
-          f"{getattr(MultiHeadLatentAttentionWrapper, 'cpu_batched_decode_from', '-')} cached rows")
+          f"{args.hidden}, block size {args.block_size}")
     print()
     names = ["forward_native", *([] if args.no_compile else ["compile"]), "forward_kernel", "forward_cpu"]
-    print("| dtype | case | " + " | ".join(f"{n} (ms)" for n in names) + " | forward_cpu x native | "
-          + ("forward_cpu x compile | " if not args.no_compile else "") + "error vs float64 (" + ", ".join(names) + ") |")
+    ratio_heads = "forward_cpu x native | " + ("" if args.no_compile else "forward_cpu x compile | ")
+    print("| dtype | case | " + " | ".join(f"{n} (ms)" for n in names) + f" | {ratio_heads}error vs float64 ("
+          + ", ".join(names) + ") |")
     print("|---|---|" + "---:|" * (len(names) + 2 + (not args.no_compile)))
     with torch.no_grad():
         for dtype_name in args.dtypes.split(","):
@@ -313,8 +314,12 @@ def run_mla(args: argparse.Namespace) -> None:
 
 # ---- the command line ------------------------------------------------------------------------------
 
-FAMILIES = {"encoder": (add_encoder_args, run_encoder), "rel_pos": (add_rel_pos_args, run_rel_pos),
-            "mla": (add_mla_args, run_mla)}
+FAMILIES = {"encoder": ("mm_encoder_attn: segment loop vs masked packed SDPA vs forward_cpu", add_encoder_args,
+                         run_encoder),
+            "rel_pos": ("rel_pos_attention: spec vs forward_cpu vs compile, blocked forms", add_rel_pos_args,
+                        run_rel_pos),
+            "mla": ("multi_head_latent_attention: spec vs compile vs forward_kernel vs forward_cpu", add_mla_args,
+                    run_mla)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -323,8 +328,8 @@ def main(argv: list[str] | None = None) -> None:
         argv = ["encoder", *argv]  # the script's form before it had sub-commands
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="family", required=True)
-    for name, (add_args, run) in FAMILIES.items():
-        sub = commands.add_parser(name, help=run.__doc__.split(".")[0], description=run.__doc__)
+    for name, (summary, add_args, run) in FAMILIES.items():
+        sub = commands.add_parser(name, help=summary, description=run.__doc__)
         add_args(sub)
         add_timing_args(sub)
         sub.set_defaults(run=run)

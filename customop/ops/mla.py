@@ -155,14 +155,17 @@ class MultiHeadLatentAttentionWrapper(CustomOp):
     def forward_cpu(self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache: torch.Tensor | None = None,
                     attn_metadata: MLAMetadata | None = None,
                     llama_4_scaling: torch.Tensor | None = None) -> torch.Tensor:
-        """The spec, with the decode requests' latent attention for the whole batch through
-        ``latent_decode_by_rows`` (``backends/cpu/mla.py``: the weights absorbed once, each row's
-        history gathered by blocks, fp32 scores and softmax); prefills as in the spec. Inside a
-        caller's ``torch.compile`` the spec's walk runs (``customop::mla_attention``)."""
+        """``forward_kernel``'s route with CPU pieces: the decode requests' latent attention for
+        the whole batch through ``latent_decode_by_rows`` (``backends/cpu/mla.py``: the weights
+        absorbed once, each row's history gathered by blocks, fp32 scores and softmax), the fresh
+        prefills packed through ``customop::varlen_attn`` (its CPU body: one causal SDPA per prompt,
+        no explicit mask), chunked prefills as in the spec. Measured 1.0-2.2x the spec and its
+        compile (benchmarks/results/cpu_mla.md). Inside a caller's ``torch.compile`` the spec's
+        walk runs (``customop::mla_attention``), as for every op."""
         if torch.compiler.is_compiling():
             return self.forward_native(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling)
         return self._layer(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling,
-                           latent_decode=latent_decode_by_rows)
+                           latent_decode=latent_decode_by_rows, varlen_attn=torch.ops.customop.varlen_attn)
 
     def forward_kernel(self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache: torch.Tensor | None = None,
                        attn_metadata: MLAMetadata | None = None,

@@ -2,7 +2,8 @@
 (``customop/samples/mla.py``), with q LoRA and with a plain q projection, on forward_native and
 forward_cpu against the float64 reference (``tests/cases/mla.py``: per-head up-projected attention,
 never the absorbed form), the rows written to the cache, decode == prefill on one sequence,
-``llama_4_scaling``, the profile run, bad metadata, conformance. The decode kernel
+``llama_4_scaling``, the profile run, bad metadata, conformance; forward_cpu's CPU decode
+(``backends/cpu/mla.py``) and packed prefill on a batch of odd contexts. The decode kernel
 (``customop::mla_decode``) is tested in tests/backends/triton/test_mla_triton.py.
 
 fp32 is compared elementwise; bf16/fp16 by normwise relative error, at most four unit roundoffs
@@ -17,6 +18,8 @@ import itertools
 import pytest
 import torch
 
+from customop.backends.cpu.mla import latent_decode_by_rows
+from customop.math.mla import paged_latent_decode
 from customop.ops.mla import MLAMetadata, MultiHeadLatentAttentionWrapper
 from customop.samples.mla import BATCHES, BLOCK_SIZE, DTYPES, Batch, build_modules, init_kwargs
 from customop.testing import assert_close, assert_conforms, randn
@@ -54,6 +57,34 @@ def test_matches_float64_reference(q_lora, batch, path, dtype):
     untouched = torch.ones(cache.numel() // cache.shape[-1], dtype=torch.bool)
     untouched[meta.slot_mapping] = False
     assert torch.equal(cache.view(-1, cache.shape[-1])[untouched].isnan(), before.view(-1, cache.shape[-1])[untouched].isnan())
+
+
+#: decodes at odd contexts (1, 23: partial blocks; a request with 3 decode tokens, causal among
+#: them), a chunked prefill and a fresh odd prefill: forward_cpu's CPU decode and packed prefill
+CPU_ROUTE_BATCH = Batch("odd decodes + chunked + fresh prefill", ((0, 1), (22, 1), (9, 3), (30, 2), (4, 5), (0, 11)), 4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("q_lora", [True, False], ids=["q_lora", "q_proj"])
+def test_forward_cpu_route_matches_float64_reference(q_lora, dtype):
+    """forward_cpu's own pieces (``latent_decode_by_rows``, the packed causal prefill) on fresh
+    random weights and inputs, against the float64 reference; and the CPU decode alone against
+    ``customop::mla_decode``'s reference body, an empty row included."""
+    gen = torch.Generator().manual_seed(11)
+    op = MultiHeadLatentAttentionWrapper(**init_kwargs(build_modules(q_lora, dtype, generator=gen), q_lora))
+    positions, hidden, cache, meta = CPU_ROUTE_BATCH.build(dtype, generator=gen)
+    expected, rows = reference(op, positions, hidden, cache.clone(), meta)
+    close(op.forward_cpu(positions, hidden, cache, meta), expected, dtype, "forward_cpu")
+    close(cache.view(-1, cache.shape[-1])[meta.slot_mapping], rows, dtype, "cache rows")
+
+    q_latent, q_pe = (randn(5, op.num_heads, n, dtype=dtype, generator=gen)
+                      for n in (op.kv_lora_rank, op.qk_rope_head_dim))
+    table = meta.block_table[[1, 3, 0, 2, 3]]
+    seq_lens = torch.tensor([23, 0, 1, 11, 30], dtype=torch.int32)
+    args = (q_latent, q_pe, cache, table, seq_lens, 30, op.dims.scale)
+    got, want = latent_decode_by_rows(*args), paged_latent_decode(*args[:5], op.dims.scale)
+    assert got.dtype == dtype and torch.equal(got[1], torch.zeros_like(got[1]))
+    close(got, want.double(), dtype, "latent_decode_by_rows")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
