@@ -1,14 +1,16 @@
 """CPU timings of the patch-embedding convolutions (``conv2d``, ``conv3d``): the linear form (one
-GEMM over the unfolded patches) against oneDNN's convolution (``F.conv2d``/``F.conv3d``), and
-``forward_cpu`` (the shipped choice).
+GEMM over the unfolded patches) against oneDNN's convolution (``F.conv2d``/``F.conv3d``),
+``torch.compile(forward_native)`` (static shapes) and ``forward_cpu`` (the shipped choice).
 
-    .venv/bin/python -m benchmarks.cpu.conv [--dtypes fp32,bf16] [--min-time 0.4] [--threads N] [--clock wall|cpu]
+    .venv/bin/python -m benchmarks.cpu.conv [--dtypes fp32,bf16] [--cases 0,2,...] [--no-compile]
+        [--min-time 0.4] [--threads N] [--clock wall|cpu]
 
 Shapes are vision encoders' patch embeddings: Qwen2-VL's 3x(2,14,14) -> 1280 over 256 to 4096
 patches (pixel values arrive as ``[patches, 3, 2, 14, 14]``), CLIP/SigLIP-style 14- and 16-pixel
 2-D patches of 336-448 pixel images -> 1024-1280. Cells are ``p5 / median`` milliseconds per call,
 the paths taking turns call by call in a shuffled order (``benchmarks/cpu/layernorm.py`` says
-why); every path is first checked against the convolution.
+why); every path is first checked against a float64 run of the spec on the same inputs
+(normwise relative error, printed: fp32 within 1e-5, 16-bit within four unit roundoffs).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import torch
 from benchmarks.cpu.layernorm import time_us
 from benchmarks.cpu.timing import add_timing_args, start_run
 from customop.config import Config, use_config
-from customop.ops.conv import Conv2dLayer, Conv3dLayer, conv, patch_linear
+from customop.ops.conv import Conv2dLayer, Conv3dLayer, conv, conv_layer, patch_linear
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+#: normwise relative error against the float64 spec a path may have (benchmarks/cpu/attention.py's bound)
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 4 * 2.0 ** -8, torch.float16: 4 * 2.0 ** -11}
 #: (label, class, input shape, out channels, kernel)
 CASES = (
     ("qwen2-vl 256 patches", Conv3dLayer, (256, 3, 2, 14, 14), 1280, (2, 14, 14)),
@@ -39,32 +43,45 @@ CASES = (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--cases", default=None, help="indices into CASES, comma-separated (default: all)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile(forward_native) column")
     add_timing_args(parser)
     args = parser.parse_args()
     clock = start_run(args)
-    print("| dtype | shape | out | oneDNN conv (ms) | linear form (ms) | forward_cpu (ms) | linear x | forward_cpu x |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    names = ["oneDNN conv", "linear form", *([] if args.no_compile else ["compile"]), "forward_cpu"]
+    picked = CASES if args.cases is None else [CASES[int(i)] for i in args.cases.split(",")]
+    print("| dtype | shape | out | " + " | ".join(f"{n} (ms)" for n in names) + " | linear x | forward_cpu x | "
+          + ("" if args.no_compile else "forward_cpu x compile | ") + "error vs float64 (" + ", ".join(names) + ") |")
+    print("|---|---|---:|" + "---:|" * (len(names) + 3 + (not args.no_compile)))
     with torch.no_grad():
         for dtype_name in args.dtypes.split(","):
             dtype = DTYPES[dtype_name]
-            for label, cls, shape, out, kernel in CASES:
+            for label, cls, shape, out, kernel in picked:
                 with use_config(Config(custom_ops=["all"])):
                     op = cls(shape[1], out, kernel, stride=kernel, params_dtype=dtype)
                 op.weight.normal_(0, 0.02)
                 op.bias.normal_()
                 x = torch.randn(shape).to(dtype)
                 a = (op.stride, op.padding, op.dilation, op.groups)
-                paths = [lambda: conv(x, op.weight, op.bias, *a), lambda: patch_linear(x, op.weight, op.bias),
-                         lambda: op.forward_cpu(x)]
-                want = paths[0]().float()
-                for p in paths[1:]:
-                    err = (p().float() - want).abs().max().item()
-                    assert err < (1e-3 if dtype == torch.float32 else 0.1), f"{label}: off by {err}"
-                times = time_us(paths, args.min_time, clock)
-                cells = " | ".join(f"{b / 1e3:.2f} / {m / 1e3:.2f}" for b, m in times)
-                print(f"| {dtype_name} | {label} | {out} | {cells} | {times[0][0] / times[1][0]:.2f} | "
-                      f"{times[0][0] / times[2][0]:.2f} |", flush=True)
-
+                want = conv_layer(x.double(), op.weight.double(), op.bias.double(), *a)
+                torch._dynamo.reset()  # a fresh graph per case: static shapes, no recompile limit
+                compiled = torch.compile(op.forward_native, dynamic=False)
+                fns = {"oneDNN conv": lambda: conv(x, op.weight, op.bias, *a),
+                       "linear form": lambda: patch_linear(x, op.weight, op.bias),
+                       "compile": lambda: compiled(x), "forward_cpu": lambda: op.forward_cpu(x)}
+                paths = [fns[n] for n in names]
+                errors = []
+                for name, path in zip(names, paths):
+                    err = float((path().double() - want).norm() / want.norm())
+                    assert err <= TOLERANCE[dtype], f"{label} {dtype_name} {name}: normwise error {err:.1e}"
+                    errors.append(f"{err:.0e}")
+                times = dict(zip(names, time_us(paths, args.min_time, clock)))
+                cells = " | ".join(f"{times[n][0] / 1e3:.2f} / {times[n][1] / 1e3:.2f}" for n in names)
+                ratios = [times["oneDNN conv"][0] / times["linear form"][0], times["oneDNN conv"][0] / times["forward_cpu"][0]]
+                if not args.no_compile:
+                    ratios.append(times["compile"][1] / times["forward_cpu"][1])
+                print(f"| {dtype_name} | {label} | {out} | {cells} | " + " | ".join(f"{r:.2f}" for r in ratios)
+                      + f" | {', '.join(errors)} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -1,24 +1,35 @@
 """CPU timings of the state-space family, the measurements behind its CPU choices.
 
-    .venv/bin/python -m benchmarks.cpu.mamba [--part norm,ssd,decode,mixer] [--dtypes bf16,fp32]
-        [--min-time 0.4] [--threads N] [--clock wall|cpu]
+    .venv/bin/python -m benchmarks.cpu.mamba [--part norm,ssd,decode,mixer,layers] [--dtypes bf16,fp32]
+        [--layers mamba_mixer,mamba_mixer2,short_conv] [--min-time 0.4] [--threads N] [--clock wall|cpu]
 
 Prints markdown tables of microseconds per call, ``p5 / median`` (the method of
 benchmarks/cpu/layernorm.py, whose timer this uses):
 
-- ``norm``: ``mixer2_gated_rms_norm`` eager vs ``torch.compile`` (with eager's casts kept) vs
-  ``forward_cpu``: where compiling starts to pay (``NORM_CPU_TIERS``);
+- ``norm``: ``mixer2_gated_rms_norm`` eager vs ``torch.compile`` (with eager's casts kept, rows
+  dynamic: what the tier compiles) vs ``forward_cpu``: where compiling starts to pay
+  (``NORM_CPU_TIERS``); and ``torch.compile(op.forward_native)`` (static shapes, Inductor's
+  defaults), every column checked against a float64 run of the spec first;
 - ``ssd``: Mamba-2 prefill of one request per length: the spec's token loop, the CPU steps'
   blocked recurrence and the chunked form: where the chunked form wins (``SSD_CHUNKED_FROM``);
 - ``decode``: one decode step of Mamba-2's SSM for a batch: the spec (a loop over requests) vs
   the CPU steps' batched gather / step / scatter;
-- ``mixer``: a whole small MambaMixer2 layer, ``forward_native`` vs ``forward_cpu``.
+- ``mixer``: a whole small MambaMixer2 layer, ``forward_native`` vs ``forward_cpu``;
+- ``layers``: ``MambaMixer``, ``MambaMixer2`` and ``ShortConv`` (small layers, decode 16 and
+  prefill 2 x 128) against ``torch.compile(forward_native)`` (static shapes): with
+  ``fullgraph=True`` Dynamo rejects the spec (it reads the batch layout on the host:
+  ``iter_requests``' ``.tolist()``; the column says ``-`` and the table's footnote prints the
+  exception's first line), so the compiled column is Inductor's default, graph breaks allowed
+  (the pure pieces between the host reads compile: the projections, the gated norm, the
+  per-token arithmetic). Every column is checked against a float64 run of the spec first.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
+import types
 import os
 import platform
 import time
@@ -30,10 +41,25 @@ from customop.backends.cpu.compile_cache import EMULATE_CASTS
 from customop.benchmarks.cpu.layernorm import time_us
 from customop.config import Config, use_config
 from customop.math import mamba as spec
-from customop.ops.mamba import MambaMetadata, MambaMixer2, Mixer2RMSNormGated
+from customop.ops.mamba import MambaMetadata, MambaMixer, MambaMixer2, Mixer2RMSNormGated, ShortConv
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 H, P, N, G = 8, 32, 32, 1  # a small Mamba-2 head set: 256 channels, state 8 x 32 x 32
+#: normwise relative error against the float64 spec a path may have: the norm to rounding (fp32) or
+#: four unit roundoffs (16-bit); a whole layer (a recurrence and three GEMMs, inputs rounded to the
+#: cache dtype where the spec rounds them) four times that
+NORM_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 4 * 2.0 ** -8, torch.float16: 4 * 2.0 ** -11}
+LAYER_TOLERANCE = {d: 4 * t for d, t in NORM_TOLERANCE.items()}
+
+
+def _checked(paths: dict, want: torch.Tensor, tolerance: float, what: str) -> str:
+    """Each path's normwise relative error against ``want`` (asserted within ``tolerance``)."""
+    errors = []
+    for name, path in paths.items():
+        err = float((path().double() - want).norm() / want.norm())
+        assert err <= tolerance, f"{what} {name}: normwise error {err:.1e} against float64"
+        errors.append(f"{err:.0e}")
+    return ", ".join(errors)
 
 
 def _row(cells) -> str:
@@ -45,22 +71,30 @@ def _fmt(t) -> str:
 
 
 def bench_norm(dtypes, min_time, clock):
-    print("\n| mixer2_gated_rms_norm | dtype | rows x hidden/groups | eager (us) | compiled (us) | forward_cpu (us) |")
-    print("|---|---|---|---:|---:|---:|")
+    print("\n| mixer2_gated_rms_norm | dtype | rows x hidden/groups | eager (us) | compiled (us) | forward_cpu (us) | "
+          "compile(forward_native) (us) | forward_cpu x compile | error vs float64 (eager, compiled, forward_cpu, "
+          "compile) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for dtype in dtypes:
         for rows, hidden, groups in ((1, 4096, 8), (2, 4096, 8), (4, 4096, 8), (8, 4096, 8), (16, 4096, 8),
                                      (64, 4096, 8), (256, 4096, 8)):
             torch._dynamo.reset()
             with use_config(Config(custom_ops=["all"])):
                 op = Mixer2RMSNormGated(hidden, groups, params_dtype=dtype)
+            op.weight.normal_(1.0, 0.2)
             x, g = torch.randn(rows, hidden, dtype=dtype), torch.randn(rows, hidden, dtype=dtype)
-            args = (x, g, op.weight, 1e-5, hidden // groups)
+            args = (x, g, op.weight, op.variance_epsilon, hidden // groups)  # the op's own eps
             comp = torch.compile(spec.mixer2_gated_rms_norm, options=EMULATE_CASTS)
             for r in (rows + 1, rows + 2):
                 comp(torch.randn(r, hidden, dtype=dtype), torch.randn(r, hidden, dtype=dtype), *args[2:])
-            res = time_us([lambda: spec.mixer2_gated_rms_norm(*args), lambda: comp(*args),
-                           lambda: op.forward_cpu(x, g)], min_time, clock)
-            print(_row([" ", str(dtype)[6:], f"{rows}x{hidden}/{groups}", *map(_fmt, res)]), flush=True)
+            native = torch.compile(op.forward_native, dynamic=False)
+            paths = {"eager": lambda: spec.mixer2_gated_rms_norm(*args), "compiled": lambda: comp(*args),
+                     "forward_cpu": lambda: op.forward_cpu(x, g), "compile": lambda: native(x, g)}
+            want = spec.mixer2_gated_rms_norm(x.double(), g.double(), op.weight.double(), *args[3:])
+            errors = _checked(paths, want, NORM_TOLERANCE[dtype], f"norm {rows}x{hidden} {dtype}")
+            res = time_us(list(paths.values()), min_time, clock)
+            print(_row([" ", str(dtype)[6:], f"{rows}x{hidden}/{groups}", *map(_fmt, res),
+                        f"{res[3][1] / res[2][1]:.2f}", errors]), flush=True)
 
 
 def _ssd_inputs(T, dtype, n_requests=1):
@@ -132,9 +166,77 @@ def bench_mixer(dtypes, min_time, clock):
             print(_row([" ", str(dtype)[6:], label, *map(_fmt, res)]), flush=True)
 
 
+LAYERS = ("mamba_mixer", "mamba_mixer2", "short_conv")
+
+
+def build_layer(name: str, dtype: torch.dtype):
+    """A small layer of the family with random weights (hidden 256)."""
+    with use_config(Config(custom_ops=["all"])):
+        if name == "mamba_mixer":  # Mamba-1: 512 channels, state 16, dt rank 16, conv 4
+            op = MambaMixer(256, 16, 4, 512, 16, True, False, False, params_dtype=dtype)
+        elif name == "mamba_mixer2":  # 8 heads x 32, N 32, one group, conv 4
+            op = MambaMixer2(256, N, 4, H * P, True, False, 1, H, P, params_dtype=dtype)
+        else:  # LFM2's gated short conv, L_cache 3
+            op = ShortConv(types.SimpleNamespace(conv_L_cache=3, conv_bias=True), 256, 0, params_dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    for param_name, p in op.named_parameters():
+        if param_name == "A":
+            p.copy_(-torch.rand(p.shape, generator=gen) - 0.5)
+        elif param_name.endswith("weight") and p.dim() >= 2:
+            p.copy_(torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5)
+        else:
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5 + (1.0 if "norm" in param_name else 0.0))
+    return op
+
+
+def bench_layers(dtypes, min_time, clock, names=LAYERS):
+    print("\n| layer (hidden 256) | dtype | batch | forward_native (us) | compile, fullgraph (us) | "
+          "compile, graph breaks (us) | forward_cpu (us) | forward_cpu x native | forward_cpu x compile | "
+          "error vs float64 (native, compile, forward_cpu) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    failures = {}
+    for name in names:
+        for dtype in dtypes:
+            op = build_layer(name, dtype)
+            reference = copy.deepcopy(op).to(torch.float64)
+            for label, decodes, lens in (("decode 16", 16, ()), ("prefill 2x128", 0, (128, 128))):
+                meta = MambaMetadata.build(list(range(1, decodes + 1)), lens,
+                                           list(range(decodes + 1, decodes + 1 + len(lens))), [False] * len(lens))
+                slots = decodes + len(lens) + 1
+                gen = torch.Generator().manual_seed(1)
+                h = torch.randn(meta.num_actual_tokens, 256, generator=gen).to(dtype)
+                shapes = op.get_state_shape()
+                # the conv cache in the layer's dtype, the SSM state in fp32 (as a serving cache)
+                caches = [torch.randn(slots, *shape, generator=gen).to(dtype if i == 0 else torch.float32)
+                          for i, shape in enumerate(shapes)]
+                want = reference.forward_native(h.double(), *(c.double() for c in caches), meta)
+                torch._dynamo.reset()  # a fresh graph per case: static shapes, no recompile limit
+                try:
+                    torch.compile(op.forward_native, dynamic=False, fullgraph=True)(h, *(c.clone() for c in caches),
+                                                                                    meta)
+                    fullgraph = "compiled"
+                except Exception as e:  # noqa: BLE001 - Dynamo's Unsupported and friends: report, go on
+                    failures.setdefault(f"{type(e).__name__}: {str(e).splitlines()[0]}", []).append(
+                        f"{name} {str(dtype)[6:]} {label}")
+                    fullgraph = "-"
+                torch._dynamo.reset()
+                compiled = torch.compile(op.forward_native, dynamic=False)
+                paths = {"native": lambda: op.forward_native(h, *(c.clone() for c in caches), meta),
+                         "compile": lambda: compiled(h, *(c.clone() for c in caches), meta),
+                         "forward_cpu": lambda: op.forward_cpu(h, *(c.clone() for c in caches), meta)}
+                errors = _checked(paths, want, LAYER_TOLERANCE[dtype], f"{name} {label} {dtype}")
+                res = dict(zip(paths, time_us(list(paths.values()), min_time, clock)))
+                cells = [_fmt(res["native"]), fullgraph, _fmt(res["compile"]), _fmt(res["forward_cpu"])]
+                print(_row([name, str(dtype)[6:], label, *cells, f"{res['native'][1] / res['forward_cpu'][1]:.2f}",
+                            f"{res['compile'][1] / res['forward_cpu'][1]:.2f}", errors]), flush=True)
+    for error, where in failures.items():
+        print(f"\nfullgraph=True failed ({', '.join(where)}): {error}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", default="norm,ssd,decode,mixer")
+    parser.add_argument("--part", default="norm,ssd,decode,mixer,layers")
+    parser.add_argument("--layers", default=",".join(LAYERS), help="the layers part's layers")
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--min-time", type=float, default=0.4, help="seconds per measurement")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all cores)")
@@ -146,7 +248,8 @@ def main() -> None:
     dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
     print(f"date {datetime.date.today()}, torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, "
           f"{torch.get_num_threads()} threads, {args.clock} clock, load average {os.getloadavg()[0]:.2f}")
-    parts = {"norm": bench_norm, "ssd": bench_ssd, "decode": bench_decode, "mixer": bench_mixer}
+    parts = {"norm": bench_norm, "ssd": bench_ssd, "decode": bench_decode, "mixer": bench_mixer,
+             "layers": lambda *a: bench_layers(*a, names=args.layers.split(","))}
     with torch.no_grad():
         for part in args.part.split(","):
             parts[part](dtypes, args.min_time, clock)
