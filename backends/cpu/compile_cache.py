@@ -13,6 +13,10 @@ import torch
 
 _compiled: dict[tuple[Callable[..., Any], frozenset], Callable[..., Any]] = {}
 
+#: Bumped by ``reset()``: caches of what ``compiled`` returned (``CpuTiers``' per-function one)
+#: hold the generation they were filled in and are stale once it changes.
+generation = 0
+
 #: Keeps eager's intermediate roundings (e.g. RMSNorm's cast to the weight dtype before the
 #: multiply); without it Inductor fuses the casts away and ~1% of bf16 outputs move by one ulp.
 EMULATE_CASTS = {"emulate_precision_casts": True}
@@ -46,6 +50,8 @@ def mark_dynamic_ready(key: tuple[Any, ...]) -> None:
 def reset() -> None:
     """Forgets every compiled graph (``torch._dynamo.reset()``) and what this module knows of them:
     the next call of each tier compiles again, as in a fresh process (tests, benchmarks)."""
+    global generation
+    generation += 1
     _dynamic_ready.clear()
     _compiled.clear()
     torch._dynamo.reset()

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from customop.backends.cpu import compile_cache
 from customop.backends.cpu.compile_cache import EMULATE_CASTS, compiled, dynamic_ready, mark_dynamic_ready
 from customop.backends.cpu.exact_rounding import EXACT_ROUNDING_OPTIONS, compiled_form
 
@@ -53,6 +54,10 @@ class CpuTiers:
     dynamic_hidden: bool = True
     feature_dims: int = 1
     emulate_casts: bool = False
+    #: fn -> (what ``compiled`` gave for it, the generation and the two resolvers it came from): the
+    #: compile cache's key is a dict of options made into a frozenset, ~1 us a call to rebuild
+    _fns: dict[Callable[..., Any], tuple[Any, ...]] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def compile_from(self, dtype: torch.dtype) -> float:
         return self.by_dtype.get(dtype, self.min_numel)
@@ -62,10 +67,19 @@ class CpuTiers:
         return dataclasses.replace(self, min_numel=numel, by_dtype={})
 
     def compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        hit = self._fns.get(fn)
+        # valid while no reset() happened and nobody swapped the resolvers (tests and the
+        # benchmarks patch them)
+        if hit is not None and hit[1] == compile_cache.generation and hit[2] is compiled and hit[3] is compiled_form:
+            return hit[0]
         if not self.emulate_casts:
-            return compiled(fn)
-        form = compiled_form(fn)  # the RMSNorm specs: the bf16 rounding in fp32 arithmetic
-        return compiled(fn, **EMULATE_CASTS) if form is fn else compiled(form, **EMULATE_CASTS, **EXACT_ROUNDING_OPTIONS)
+            out = compiled(fn)
+        else:
+            form = compiled_form(fn)  # the RMSNorm specs: the bf16 rounding in fp32 arithmetic
+            out = (compiled(fn, **EMULATE_CASTS) if form is fn
+                   else compiled(form, **EMULATE_CASTS, **EXACT_ROUNDING_OPTIONS))
+        self._fns[fn] = (out, compile_cache.generation, compiled, compiled_form)
+        return out
 
 
 #: Set by ``warming_up()``: calls of two or more tokens take the compiled tier whatever their size
@@ -106,9 +120,13 @@ def _below_threshold(tiers: CpuTiers, x: torch.Tensor) -> bool:
     return tokens < 2 and one_token < tiers.compile_from(x.dtype)
 
 
+_is_compiling = torch.compiler.is_compiling
+
+
 def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args: Any,
                eager: Callable[..., Any] | None = None, compiled_spec: Callable[..., Any] | None = None,
-               prepare: Callable[[torch.Tensor], torch.Tensor] | None = None, **kwargs: Any) -> Any:
+               prepare: Callable[[torch.Tensor], torch.Tensor] | None = None, static: tuple[Any, ...] | None = None,
+               **kwargs: Any) -> Any:
     """``spec(x, *args, **kwargs)`` on the CPU, by the cheapest route for ``x``'s size.
 
     - inside a caller's ``torch.compile``: ``spec`` itself (the caller's Inductor fuses it);
@@ -117,10 +135,14 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
       is not recording for ``x`` (its in-place steps would overwrite saved values), else ``spec``;
     - above: the compiled ``compiled_spec`` (default ``spec``) of ``prepare(x)`` (default ``x``),
       its token dims marked dynamic until a graph dynamic in them exists (``CpuTiers.dynamic``).
+
+    ``static``: the caller's stand-in for what Dynamo guards on in ``args``/``kwargs`` besides
+    tensor sizes (every non-tensor value, and which tensor arguments are None), when it has one
+    at hand: it replaces the tuple built from them per call (~1 us) in the shape-class key.
     """
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         return spec(x, *args, **kwargs)
-    if _below_threshold(tiers, x):
+    if x.numel() < tiers.compile_from(x.dtype) and _below_threshold(tiers, x):
         if eager is not None and not _autograd_records(x):
             out = eager(x, *args, **kwargs)
             if out is not None:
@@ -130,11 +152,11 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
     if prepare is not None:
         x = prepare(x)
     if tiers.rows:
-        return _run_on_rows(fn, tiers, x, args, kwargs)
+        return _run_on_rows(fn, tiers, x, args, kwargs, static)
     if not tiers.dynamic:
         return fn(x, *args, **kwargs)
     ones = tuple(x.shape[d] == 1 for d in _token_dims(tiers, x))  # Dynamo specialises sizes of 1
-    key = _shape_class(fn, tiers, x, ones, args, kwargs)
+    key = _shape_class(fn, tiers, x, ones, args, kwargs, static)
     known = _ready(key)
     if known:
         return fn(x, *args, **kwargs)
@@ -145,17 +167,27 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
     return out
 
 
+_DYNAMIC_READY = compile_cache._dynamic_ready  # (cleared in place by compile_cache.reset())
+
 _TENSOR = object()  # a tensor argument's place in a shape class (its sizes are the marks' business)
 
 
+def _static(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """The arguments' values as Dynamo guards on them (tensors only as present or None)."""
+    static = tuple([_TENSOR if isinstance(a, torch.Tensor) else a for a in args])
+    if kwargs:
+        static += tuple([(k, _TENSOR if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()])
+    return static
+
+
 def _shape_class(fn: Callable[..., Any], tiers: CpuTiers, x: torch.Tensor, ones: tuple[bool, ...],
-                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+                 args: tuple[Any, ...], kwargs: dict[str, Any],
+                 static: tuple[Any, ...] | None = None) -> tuple[Any, ...]:
     """What Dynamo guards on besides the marked sizes: the function, x's dtype, which token dims
     are 1 (their rank too), the hidden size unless dynamic, and the other arguments' values
-    (tensors only as present or None)."""
-    static = tuple(_TENSOR if isinstance(a, torch.Tensor) else a for a in args)
-    if kwargs:
-        static += tuple((k, _TENSOR if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items())
+    (tensors only as present or None; the caller's ``static`` when given)."""
+    if static is None:
+        static = _static(args, kwargs)
     return fn, x.dtype, ones, None if tiers.dynamic_hidden or x.dim() < 2 else x.shape[-1], static
 
 
@@ -216,14 +248,26 @@ def _temporary_marks(marks: list[tuple[torch.Tensor, int]]) -> Iterator[None]:
 
 
 def _run_on_rows(fn: Callable[..., Any], tiers: CpuTiers, x: torch.Tensor, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
+                 kwargs: dict[str, Any], static: tuple[Any, ...] | None = None) -> Any:
     shape = x.shape
-    # one token (Dynamo specialises 1), and 2-D or not (other ranks arrive as views, which Dynamo
-    # guards differently from plain tensors)
-    key = _shape_class(fn, tiers, x, (x.numel() == shape[-1], x.dim() == 2), args, kwargs) if tiers.dynamic else None
-    known = _ready(key) if tiers.dynamic else None
-    mark = tiers.dynamic and not known
-    if x.dim() == 2 and not mark:  # the usual [tokens, hidden]: skip the reshapes (~5 us)
+    ndim = x.dim()
+    two_d = ndim == 2
+    if tiers.dynamic:
+        # _shape_class's key, built inline (the steady state's one lookup): one token (Dynamo
+        # specialises 1), and 2-D or not (other ranks arrive as views, which Dynamo guards
+        # differently from plain tensors)
+        hidden = shape[-1]
+        key = (fn, x.dtype, (x.numel() == hidden, two_d), None if tiers.dynamic_hidden or ndim < 2 else hidden,
+               _static(args, kwargs) if static is None else static)
+        try:  # _ready, inline
+            known = key in _DYNAMIC_READY
+        except TypeError:
+            known = None
+        mark = not known
+    else:
+        key = known = None
+        mark = False
+    if two_d and not mark:  # the usual [tokens, hidden]: skip the reshapes (~5 us)
         return fn(x, *args, **kwargs)
     # 2-D tensors go in as they are (a graph traced on views would guard on their bases)
     rows = [a.reshape(-1, shape[-1]) if isinstance(a, torch.Tensor) and a.shape == shape and a.dim() != 2 else a

@@ -59,6 +59,29 @@ def _check_norm_inputs(op: str, hidden_size: int, x: torch.Tensor, weight: torch
             _check_like(op, arg, t, x)
 
 
+def _norm_inputs_pass(hidden_size: int, x: torch.Tensor, weight: torch.Tensor | None,
+                      residual: torch.Tensor | None) -> bool:
+    """True when ``_check_norm_inputs`` would pass x, weight and residual: the same conditions
+    without building an argument dict or a message (~1 us instead of ~3.5 on the CI box; hot
+    paths call the full check only when this says no, so errors keep its messages)."""
+    shape = x.shape
+    if not shape or shape[-1] != hidden_size or not x.is_floating_point():
+        return False
+    cpu = x.is_cpu  # both on the CPU: no torch.device objects to build and compare
+    if weight is not None and not (weight.is_floating_point() and weight.shape == (hidden_size,)
+                                   and ((cpu and weight.is_cpu) or weight.device == x.device)):
+        return False
+    return residual is None or (residual.dtype == x.dtype and residual.shape == shape
+                                and ((cpu and residual.is_cpu) or residual.device == x.device))
+
+
+def _weight(op: nn.Module) -> torch.Tensor | None:
+    """``op.weight`` without nn.Module's ``__getattr__`` (~1 us a call on the CI box: the normal
+    lookup misses first)."""
+    params = op._parameters
+    return params["weight"] if "weight" in params else op.weight
+
+
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     # The kernels read rows with unit stride; a copy is cheaper than a strided kernel variant.
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -129,12 +152,16 @@ class RMSNorm(CustomOp):
         return fused_add_rms_norm(x, residual, self.weight, self.eps, self.variance_size_override)
 
     def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"residual": residual})
+        # per-call cost matters here (issue 18: ~30 us calls against torch.compile's own)
+        weight, eps, variance_size = _weight(self), self.eps, self.variance_size_override
+        if not _norm_inputs_pass(self.hidden_size, x, weight, residual):
+            _check_norm_inputs(self.name, self.hidden_size, x, weight, {"residual": residual})
+        static = (weight is None, eps, variance_size)  # what the compiled graph guards on besides tensors
         if residual is None:
-            return run_tiered(self.cpu_tiers, rms_norm, x, self.weight, self.eps, self.variance_size_override,
-                              eager=eager.rms_norm)
-        return run_tiered(self.cpu_tiers, fused_add_rms_norm, x, residual, self.weight, self.eps,
-                          self.variance_size_override, eager=eager.fused_add_rms_norm)
+            return run_tiered(self.cpu_tiers, rms_norm, x, weight, eps, variance_size, eager=eager.rms_norm,
+                              static=static)
+        return run_tiered(self.cpu_tiers, fused_add_rms_norm, x, residual, weight, eps, variance_size,
+                          eager=eager.fused_add_rms_norm, static=static)
 
     def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         return self.forward_kernel(x, residual)
