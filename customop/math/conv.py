@@ -26,11 +26,10 @@ def is_patch_embedding(kernel_size: tuple[int, ...], stride: tuple[int, ...], pa
             and groups == 1)
 
 
-def patch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """A kernel == stride convolution as one GEMM. ``x`` ``[B, C, *spatial]``, ``weight``
-    ``[out, C, *kernel]``; returns ``[B, out, *(spatial // kernel)]`` (a permuted view of the
-    ``[B, *grid, out]`` product)."""
-    kernel = weight.shape[2:]
+def patch_rows(x: torch.Tensor, kernel: tuple[int, ...]) -> torch.Tensor:
+    """The unfold of the linear form: ``x`` ``[B, C, *spatial]`` -> ``[B * prod(grid), C * prod(kernel)]``,
+    one row per patch in the weight's ``(C, *kernel)`` order (a view when the patches already lie
+    contiguously, a copy otherwise)."""
     n = len(kernel)
     batch, channels = x.shape[:2]
     grid = [size // k for size, k in zip(x.shape[2:], kernel)]
@@ -40,9 +39,22 @@ def patch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     x = x.reshape(batch, channels, *(d for g, k in zip(grid, kernel) for d in (g, k)))
     # [B, *grid, C, *kernel] -> one row per patch, in the weight's (C, *kernel) order
     x = x.permute(0, *range(2, 2 + 2 * n, 2), 1, *range(3, 3 + 2 * n, 2))
-    rows = x.reshape(-1, channels * math.prod(kernel))
+    return x.reshape(-1, channels * math.prod(kernel))
+
+
+def patch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 rows: torch.Tensor | None = None) -> torch.Tensor:
+    """A kernel == stride convolution as one GEMM. ``x`` ``[B, C, *spatial]``, ``weight``
+    ``[out, C, *kernel]``; returns ``[B, out, *(spatial // kernel)]`` (a permuted view of the
+    ``[B, *grid, out]`` product). ``rows``: ``patch_rows(x, kernel)`` when the caller has built
+    them another way (``forward_cpu`` does)."""
+    kernel = weight.shape[2:]
+    n = len(kernel)
+    grid = [size // k for size, k in zip(x.shape[2:], kernel)]
+    if rows is None:
+        rows = patch_rows(x, kernel)
     out = F.linear(rows, weight.reshape(weight.shape[0], -1), bias)
-    return out.view(batch, *grid, -1).permute(0, n + 1, *range(1, n + 1))
+    return out.view(x.shape[0], *grid, -1).permute(0, n + 1, *range(1, n + 1))
 
 
 def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: tuple[int, ...],

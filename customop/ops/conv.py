@@ -9,15 +9,17 @@ Qwen2-VL's 3x(2,14,14) -> 1280 patches). Any other convolution is ``F.conv2d``/`
 Paths: ``forward_native`` is the spec (the linear form for a patch projection, the convolution
 otherwise); ``forward_cuda = forward_xpu = forward_tpu`` call ``torch.ops.customop.conv2d``/
 ``conv3d``, whose GPU kernel gathers the patches with Triton into aligned rows for one cuBLAS GEMM
-(``backends/triton/conv.py``) and whose body elsewhere is the spec; ``forward_cpu`` is the spec too: on the
-CPU the linear form measured as fast as oneDNN's convolution or much faster
-(benchmarks/results/cpu_conv.md). Parameters ``weight`` ``[out, in // groups, *kernel]`` and
+(``backends/triton/conv.py``) and whose body elsewhere is the spec; ``forward_cpu`` is the spec too (on the
+CPU the linear form measured as fast as oneDNN's convolution or much faster,
+benchmarks/results/cpu_conv.md), with the patch unfold gathered by ``index_select`` where it is a
+copy. Parameters ``weight`` ``[out, in // groups, *kernel]`` and
 ``bias`` ``[out]`` are named and shaped as ``nn.Conv2d``/``nn.Conv3d``'s, so a regular conv
 checkpoint loads as is.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, ClassVar
 
@@ -25,7 +27,7 @@ import torch
 from torch import nn
 
 from customop.custom_op import CustomOp
-from customop.math.conv import conv, conv_layer, is_patch_embedding, patch_linear  # noqa: F401  (the spec, re-exported)
+from customop.math.conv import conv, conv_layer, is_patch_embedding, patch_linear, patch_rows  # noqa: F401  (the spec, re-exported)
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
@@ -113,10 +115,29 @@ class ConvLayerBase(CustomOp):
         return conv_layer(x, self.weight, self.bias, *self._args())
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        """The spec's own choice is the CPU's best (benchmarks/results/cpu_conv.md, one thread):
-        the linear form beats oneDNN's 3-D convolution 7x in fp32 and 40-77x in bf16 on
-        Qwen2-VL's patches, its 2-D one 2.1-2.7x in bf16, and ties with it in fp32 (0.93-1.14x)."""
+        """The spec, with its patch unfold done by ``index_select`` where the unfold is a real copy
+        (benchmarks/results/cpu_conv.md, one thread). The linear form beats oneDNN's 3-D
+        convolution 7x in fp32 and 40-77x in bf16 on Qwen2-VL's patches (whose unfold is a free
+        view), its 2-D one 2.1-2.7x in bf16, and ties with it in fp32. Where the image must be cut
+        into patches (CLIP, SigLIP, video frames), ATen's copy of the spec's 6-D (8-D) permuted
+        view runs one short strided loop per ``kernel[-1]``-element run and was 0.82-0.91x
+        ``torch.compile(forward_native)`` in bf16 (Inductor fuses the unfold into one loop nest);
+        ``index_select`` of the image viewed as ``[B, runs, kernel[-1]]`` memcpys the same runs
+        into the same rows (bitwise the spec's rows, ``_unfold_runs``) in half the time, then the
+        same GEMM. One thread (or autograd recording): ATen's dim-1 ``index_select`` loop (indices
+        checked once, serial); more threads: dim 0 per image, which ATen splits across them."""
         self.check_input(x)
+        if self.enable_linear and not torch.compiler.is_compiling() and x.is_contiguous():
+            runs = _unfold_runs(tuple(x.shape), self.kernel_size)
+            if runs is not None:
+                units = x.view(x.shape[0], -1, self.kernel_size[-1])
+                if torch.get_num_threads() == 1 or torch.is_grad_enabled():
+                    rows = units.index_select(1, runs)
+                else:
+                    rows = units.new_empty(x.shape[0], runs.numel(), self.kernel_size[-1])
+                    for image, out in zip(units, rows):
+                        torch.index_select(image, 0, runs, out=out)
+                return patch_linear(x, self.weight, self.bias, rows=rows.view(-1, self.input_size))
         return conv_layer(x, self.weight, self.bias, *self._args())
 
     def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
@@ -135,6 +156,32 @@ class ConvLayerBase(CustomOp):
     def extra_repr(self) -> str:
         return (f"in_channels={self.in_channels}, out_channels={self.out_channels}, kernel_size={self.kernel_size}, "
                 f"stride={self.stride}, padding={self.padding}, bias={self.bias is not None}")
+
+
+@functools.lru_cache(maxsize=64)
+def _unfold_runs(shape: tuple[int, ...], kernel: tuple[int, ...]) -> torch.Tensor | None:
+    """Where the spec's unfold of a contiguous ``x`` of ``shape`` is a copy: which runs of
+    ``kernel[-1]`` elements of one image (the rows of ``x[b].view(-1, kernel[-1])``) make its patch
+    rows, in order (``_image_runs``); ``None`` where the unfold is a view (Qwen2-VL's patches:
+    nothing to copy) or the last spatial size is not a multiple of ``kernel[-1]`` (the runs do not
+    tile it: the spec's copy runs)."""
+    if shape[-1] % kernel[-1]:
+        return None
+    with torch.inference_mode(False):  # (views of inference tensors do not record their base)
+        if patch_rows(torch.empty(shape, device="meta"), kernel)._is_view():
+            return None
+    return _image_runs(shape[1:], kernel)
+
+
+@functools.lru_cache(maxsize=16)
+def _image_runs(image: tuple[int, ...], kernel: tuple[int, ...]) -> torch.Tensor:
+    """The spec's own unfold (``patch_rows``) applied to the numbers of one image's runs, so that
+    ``index_select`` copies exactly the spec's rows (one index per run: 194 KB for a 336-pixel RGB
+    image in 14-pixel patches). Built outside inference mode, since ``index_select``'s backward
+    saves it."""
+    with torch.inference_mode(False), torch.no_grad():
+        numbers = torch.arange(math.prod(image) // kernel[-1]).view(1, *image[:-1], image[-1] // kernel[-1])
+        return patch_rows(numbers, (*kernel[:-1], 1)).reshape(-1)
 
 
 @CustomOp.register("conv2d")

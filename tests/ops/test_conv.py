@@ -13,7 +13,7 @@ import torch._dynamo.testing
 import torch.nn.functional as F
 
 from customop.config import Config, use_config
-from customop.ops.conv import Conv2dLayer, Conv3dLayer, patch_linear
+from customop.ops.conv import Conv2dLayer, Conv3dLayer, _unfold_runs, patch_linear, patch_rows
 from customop.samples.conv import BY_LABEL, CASES, DTYPES
 from customop.testing import assert_close, assert_conforms, assert_same_error, forced_platform, randn
 from tests.cases.conv import reference
@@ -84,6 +84,57 @@ def test_loads_a_regular_conv_checkpoint(case):
     x = case.input(case.shapes["small"][0], torch.float32, generator=GEN(2))
     with torch.no_grad():
         assert_close(op.forward_cpu(x), module(x), torch.float32)
+
+
+GATHERED = [((3, 3, 31, 42), (14, 14)), ((1, 3, 45, 48), (16, 16)), ((5, 3, 29, 28), (14, 14)),
+            ((3, 3, 5, 29, 42), (2, 14, 14)), ((1, 3, 3, 16, 32), (1, 16, 16))]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,kernel", GATHERED, ids=lambda v: "x".join(map(str, v)))
+def test_forward_cpu_gathered_unfold(shape, kernel, dtype, threads):
+    """forward_cpu's index_select unfold (images cut into patches, odd sizes and batch counts,
+    remainders dropped): close to the float64 reference, bitwise the spec's rows and output, on
+    both of its branches (one thread: dim 1; more: dim 0 per image), with and without autograd."""
+    assert _unfold_runs(shape, kernel) is not None, "the gathered route is not taken"
+    seed = sum(shape) + len(kernel) + threads
+    with use_config(Config(custom_ops=["all"])):
+        op = (Conv2dLayer if len(kernel) == 2 else Conv3dLayer)(3, 37, kernel, stride=kernel, params_dtype=dtype)
+    op.weight.data.copy_(torch.randn(op.weight.shape, generator=GEN(seed)) * 0.05)
+    op.bias.data.copy_(torch.randn(op.bias.shape, generator=GEN(seed + 1)))
+    x = torch.randn(shape, generator=GEN(seed + 2)).to(dtype)
+    runs = _unfold_runs(shape, kernel)
+    assert torch.equal(x.view(shape[0], -1, kernel[-1]).index_select(1, runs).view(-1, op.input_size),
+                       patch_rows(x, kernel))
+    before, old = x.clone(), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            got, spec = op.forward_cpu(x), op.forward_native(x)
+        with torch.no_grad():
+            assert torch.equal(op.forward_cpu(x), spec)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(x, before), "the input was written"
+    assert got.dtype == dtype and got.shape == spec.shape and got.stride() == spec.stride()
+    assert torch.equal(got, spec)
+    assert_close(got, reference(op, x), dtype, what=f"forward_cpu gathered {shape} {kernel}")
+    xg = x.clone().requires_grad_()
+    op.forward_cpu(xg).float().square().sum().backward()
+    xs = x.clone().requires_grad_()
+    op.forward_native(xs).float().square().sum().backward()
+    assert torch.equal(xg.grad, xs.grad)
+
+
+@pytest.mark.parametrize("shape,kernel", [((5, 3, 2, 14, 14), (2, 14, 14)), ((7, 1, 15, 14), (14, 14)),
+                                          ((2, 3, 31, 45), (14, 14))], ids=lambda v: "x".join(map(str, v)))
+def test_forward_cpu_keeps_the_spec_where_the_unfold_is_a_view_or_runs_do_not_tile(shape, kernel):
+    """Qwen2-VL's patches (and a one-channel cropped image) unfold as a view: nothing to gather;
+    a width that is not a multiple of the kernel leaves runs straddling patches: the spec copies."""
+    with torch.inference_mode():
+        assert _unfold_runs(shape, kernel) is None
+    assert _unfold_runs(shape, kernel) is None
 
 
 # ---- constructor -----------------------------------------------------------------------------------
