@@ -54,7 +54,8 @@ def patch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if rows is None:
         rows = patch_rows(x, kernel)
     out = F.linear(rows, weight.reshape(weight.shape[0], -1), bias)
-    return out.view(x.shape[0], *grid, -1).permute(0, n + 1, *range(1, n + 1))
+    # the out size named, not -1: a batch of no images has nothing to infer it from
+    return out.view(x.shape[0], *grid, weight.shape[0]).permute(0, n + 1, *range(1, n + 1))
 
 
 def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: tuple[int, ...],

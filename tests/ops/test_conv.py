@@ -250,3 +250,19 @@ def test_autograd_records_through_the_spec():
 @pytest.mark.parametrize("cls", [Conv2dLayer, Conv3dLayer], ids=lambda c: c.name)
 def test_conforms(cls):
     assert_conforms(cls)
+
+
+@pytest.mark.parametrize("path", ["forward_native", "forward_cpu", "forward_kernel"])
+@pytest.mark.parametrize("layer,shape", [(Conv2dLayer, (0, 3, 28, 42)), (Conv3dLayer, (0, 3, 2, 28, 28))],
+                         ids=["2d", "3d"])
+def test_a_batch_of_no_images(layer, shape, path):
+    """No images in: an empty output of F.conv*'s shape on every path (the linear form once failed
+    to infer its channel count from zero elements)."""
+    kernel = (14, 14) if layer is Conv2dLayer else (2, 14, 14)
+    with use_config(Config(custom_ops=["all"])):
+        op = layer(3, 8, kernel_size=kernel, stride=kernel)
+    x = torch.randn(shape)
+    conv = F.conv2d if layer is Conv2dLayer else F.conv3d
+    want = conv(x, op.weight, op.bias, stride=kernel)
+    got = getattr(op, path)(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
