@@ -34,8 +34,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from benchmarks.cpu.layernorm import time_us
-from benchmarks.cpu.timing import add_timing_args, start_run
+from benchmarks.cpu.timing import add_timing_args, checked_times, ms_cells, start_run, time_us
 from customop.config import Config, use_config
 from customop.math.attention import rel_pos_attention_blocked
 from customop.math.mla import MLAMetadata
@@ -297,14 +296,10 @@ def run_mla(args: argparse.Namespace) -> None:
                 compiled = torch.compile(op.forward_native, dynamic=False)
                 fns = {"forward_native": op.forward_native, "compile": compiled, "forward_kernel": op.forward_kernel,
                        "forward_cpu": op.forward_cpu}
-                paths = [lambda fn=fns[n]: fn(pos, hidden, cache, meta) for n in names]
-                errors = []
-                for name, path in zip(names, paths):
-                    err = float((path().double() - want).norm() / want.norm())
-                    assert err <= MLA_TOLERANCE[dtype], f"{case} {dtype_name} {name}: normwise error {err:.1e}"
-                    errors.append(f"{err:.0e}")
-                times = dict(zip(names, time_us(paths, args.min_time, clock)))
-                cells = " | ".join(f"{times[n][0] / 1e3:.2f} / {times[n][1] / 1e3:.2f}" for n in names)
+                paths = {n: lambda fn=fns[n]: fn(pos, hidden, cache, meta) for n in names}
+                times, errors = checked_times(paths, want, MLA_TOLERANCE[dtype], f"{case} {dtype_name}",
+                                              args.min_time, clock)
+                cells = ms_cells(times, names)
                 ratios = [times["forward_native"][1] / times["forward_cpu"][1]]
                 if not args.no_compile:
                     ratios.append(times["compile"][1] / times["forward_cpu"][1])

@@ -19,8 +19,7 @@ import argparse
 
 import torch
 
-from benchmarks.cpu.layernorm import time_us
-from benchmarks.cpu.timing import add_timing_args, start_run
+from benchmarks.cpu.timing import add_timing_args, checked_times, ms_cells, start_run
 from customop.config import Config, use_config
 from customop.ops.conv import Conv2dLayer, Conv3dLayer, conv, conv_layer, patch_linear
 
@@ -69,14 +68,9 @@ def main() -> None:
                 fns = {"oneDNN conv": lambda: conv(x, op.weight, op.bias, *a),
                        "linear form": lambda: patch_linear(x, op.weight, op.bias),
                        "compile": lambda: compiled(x), "forward_cpu": lambda: op.forward_cpu(x)}
-                paths = [fns[n] for n in names]
-                errors = []
-                for name, path in zip(names, paths):
-                    err = float((path().double() - want).norm() / want.norm())
-                    assert err <= TOLERANCE[dtype], f"{label} {dtype_name} {name}: normwise error {err:.1e}"
-                    errors.append(f"{err:.0e}")
-                times = dict(zip(names, time_us(paths, args.min_time, clock)))
-                cells = " | ".join(f"{times[n][0] / 1e3:.2f} / {times[n][1] / 1e3:.2f}" for n in names)
+                times, errors = checked_times({n: fns[n] for n in names}, want, TOLERANCE[dtype],
+                                              f"{label} {dtype_name}", args.min_time, clock)
+                cells = ms_cells(times, names)
                 ratios = [times["oneDNN conv"][0] / times["linear form"][0], times["oneDNN conv"][0] / times["forward_cpu"][0]]
                 if not args.no_compile:
                     ratios.append(times["compile"][1] / times["forward_cpu"][1])

@@ -26,14 +26,10 @@ a graph of their own, as Dynamo specialises size 1).
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 
-from benchmarks.cpu.timing import add_timing_args, start_run
+from benchmarks.cpu.timing import add_timing_args, start_run, time_us
 
 from customop.config import Config, use_config
 from customop.ops import layernorm as L
@@ -41,26 +37,6 @@ from customop.ops import layernorm as L
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SHAPES = ((1, 4096), (16, 4096), (256, 4096), (2048, 8192))
 EXTRA_SHAPES = ((16, 4096), (256, 4096))
-
-
-def time_us(fns: list[Callable[[], object]], min_time: float,
-            clock: Callable[[], int] = time.perf_counter_ns) -> list[tuple[float, float]]:
-    """(5th percentile, median) time of one call of each of ``fns`` in microseconds by ``clock``,
-    the functions taking turns in a shuffled order, over at least ``min_time`` seconds."""
-    for fn in fns:
-        for _ in range(3):
-            fn()  # warm-up: compiles, allocator caches
-    times: list[list[float]] = [[] for _ in fns]
-    order = list(range(len(fns)))
-    shuffle = random.Random(0).shuffle
-    deadline = time.perf_counter() + min_time
-    while len(times[0]) < 10 or (time.perf_counter() < deadline and len(times[0]) < 5000):
-        shuffle(order)
-        for i in order:
-            start = clock()
-            fns[i]()
-            times[i].append((clock() - start) / 1e3)
-    return [(statistics.quantiles(t, n=20, method="inclusive")[0], statistics.median(t)) for t in times]
 
 
 def with_rows(args: tuple, shape: tuple[int, ...], rows: int) -> tuple:

@@ -6,8 +6,10 @@
 Prints markdown tables of microseconds per call, ``p5 / median`` (the method of
 benchmarks/cpu/layernorm.py, whose timer this uses):
 
-- ``norm``: ``mixer2_gated_rms_norm`` eager vs ``torch.compile`` (with eager's casts kept, rows
-  dynamic: what the tier compiles) vs ``forward_cpu``: where compiling starts to pay
+- ``norm``: ``mixer2_gated_rms_norm`` eager vs ``torch.compile`` (with eager's casts kept by
+  ``emulate_precision_casts``, rows dynamic: what the tier compiles for fp16/fp32; for bf16 x and
+  weight it compiles ``backends/cpu/exact_rounding.py``'s form, bitwise the same, which
+  ``forward_cpu``'s column includes) vs ``forward_cpu``: where compiling starts to pay
   (``NORM_CPU_TIERS``); and ``torch.compile(op.forward_native)`` (static shapes, Inductor's
   defaults), every column checked against a float64 run of the spec first;
 - ``ssd``: Mamba-2 prefill of one request per length: the spec's token loop, the CPU steps'
@@ -38,7 +40,7 @@ import torch
 
 from customop.backends.cpu import mamba as cpu
 from customop.backends.cpu.compile_cache import EMULATE_CASTS
-from customop.benchmarks.cpu.layernorm import time_us
+from customop.benchmarks.cpu.timing import time_us
 from customop.config import Config, use_config
 from customop.math import mamba as spec
 from customop.ops.mamba import MambaMetadata, MambaMixer, MambaMixer2, Mixer2RMSNormGated, ShortConv

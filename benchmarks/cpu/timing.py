@@ -1,4 +1,5 @@
-"""What every CPU benchmark shares: the timing options and the environment line of a run."""
+"""What every CPU benchmark shares: the timing options, the environment line of a run, the timer,
+and checking every path against a float64 reference before timing it."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import argparse
 import datetime
 import os
 import platform
+import random
+import statistics
 import time
 from collections.abc import Callable
 
@@ -28,3 +31,41 @@ def start_run(args: argparse.Namespace) -> Callable[[], int]:
           f"load average {os.getloadavg()[0]:.2f}")
     print()
     return time.thread_time_ns if args.clock == "cpu" else time.perf_counter_ns
+
+
+def time_us(fns: list[Callable[[], object]], min_time: float,
+            clock: Callable[[], int] = time.perf_counter_ns) -> list[tuple[float, float]]:
+    """(5th percentile, median) time of one call of each of ``fns`` in microseconds by ``clock``,
+    the functions taking turns in a shuffled order, over at least ``min_time`` seconds."""
+    for fn in fns:
+        for _ in range(3):
+            fn()  # warm-up: compiles, allocator caches
+    times: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    shuffle = random.Random(0).shuffle
+    deadline = time.perf_counter() + min_time
+    while len(times[0]) < 10 or (time.perf_counter() < deadline and len(times[0]) < 5000):
+        shuffle(order)
+        for i in order:
+            start = clock()
+            fns[i]()
+            times[i].append((clock() - start) / 1e3)
+    return [(statistics.quantiles(t, n=20, method="inclusive")[0], statistics.median(t)) for t in times]
+
+
+def checked_times(paths: dict[str, Callable[[], torch.Tensor]], want: torch.Tensor, tolerance: float, what: str,
+                  min_time: float, clock: Callable[[], int]) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """Checks each path's output against ``want`` (float64) by normwise relative error, raising
+    past ``tolerance``, then times them all together (``time_us``): ``({name: (p5, median) us},
+    the errors formatted for a table cell)``."""
+    errors = []
+    for name, path in paths.items():
+        err = float((path().double() - want).norm() / want.norm())
+        assert err <= tolerance, f"{what} {name}: normwise error {err:.1e}"
+        errors.append(f"{err:.0e}")
+    return dict(zip(paths, time_us(list(paths.values()), min_time, clock))), errors
+
+
+def ms_cells(times: dict[str, tuple[float, float]], names: list[str]) -> str:
+    """``p5 / median`` in ms for each of ``names``, as markdown cells."""
+    return " | ".join(f"{times[n][0] / 1e3:.2f} / {times[n][1] / 1e3:.2f}" for n in names)
