@@ -23,7 +23,9 @@ from customop.ops.mamba.mixer import negative_exp, sharded_loader, ssm_parameter
 #: from one 4096-wide row in bf16/fp16 (35 vs 39 us; eager pays separate cast kernels) and from
 #: 8 x 4096 in fp32 (64 vs 69 us; 4 x 4096: 49 vs 45). Eager's casts are kept: the spec rounds
 #: to x's dtype before the weight, which Inductor would otherwise fuse away (one ulp in ~25% of
-#: bf16 outputs).
+#: bf16 outputs); for bf16 x and weight the tier compiles backends/cpu/exact_rounding.py's form
+#: (that rounding in fp32 arithmetic, bitwise the emulated graph, faster), fp16/fp32 the spec
+#: with emulate_precision_casts.
 NORM_CPU_TIERS = CpuTiers(min_numel=4096, by_dtype={torch.float32: 32768}, dynamic_hidden=False,
                           emulate_casts=True)
 

@@ -1,8 +1,9 @@
-"""The RMSNorm forms that forward_cpu's compiled tier runs for bf16 (backends/cpu/exact_rounding.py):
-the fp32 rounding helper against torch's own bf16 conversion (every significand of a few
-binades, ties and their neighbours in every binade it claims), the compiled forms bitwise against
-the spec compiled with emulate_precision_casts (the graph they replace) and against the eager spec,
-and the tier wiring."""
+"""The norm forms that forward_cpu's compiled tier runs for bf16 (backends/cpu/exact_rounding.py),
+RMSNorm's and Mamba-2's grouped gated norm's: the fp32 rounding helper against torch's own bf16
+conversion (every significand of a few binades, ties and their neighbours in every binade it
+claims), the compiled forms bitwise against the spec compiled with emulate_precision_casts (the
+graph they replace) and against the eager spec, the ops' compiled tier against the float64
+reference, and the tier wiring."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ import torch
 
 from customop.backends.cpu import compile_cache
 from customop.backends.cpu import exact_rounding as er
+from customop.config import Config, use_config
 from customop.math import layernorm as spec
+from customop.math import mamba as mamba_spec
 from customop.ops.layernorm import RMS_NORM_CPU_TIERS
+from customop.ops.mamba import Mixer2RMSNormGated
+from customop.ops.mamba.mixer2 import NORM_CPU_TIERS
+from customop.samples.mamba import NORM_CASES
+from customop.testing import assert_close
+from tests.cases.mamba import norm_reference
 
 
 def _floats(bits: torch.Tensor) -> torch.Tensor:
@@ -98,3 +106,86 @@ def test_rms_norm_tiers_compile_the_forms():
     assert fn is compile_cache.compiled(er.rms_norm, **compile_cache.EMULATE_CASTS, **er.EXACT_ROUNDING_OPTIONS)
     assert RMS_NORM_CPU_TIERS.compiled(spec.gemma_rms_norm) is compile_cache.compiled(
         spec.gemma_rms_norm, **compile_cache.EMULATE_CASTS)
+
+
+# ---- Mamba-2's grouped gated norm (customop/math/mamba.py, mixer2_gated_rms_norm) ---------------
+
+def _gated_inputs(rows, hidden, gen, dtype=torch.bfloat16, w_dtype=torch.bfloat16):
+    x, gate = (torch.randn(rows, hidden, generator=gen).to(dtype) for _ in range(2))
+    weight = (torch.randn(hidden, generator=gen) * 0.2 + 1).to(w_dtype)
+    return x, gate, weight
+
+
+def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The largest distance in bf16 ulps between differing pairs of one sign (0 if equal)."""
+    bad = a != b
+    assert not (a[bad].signbit() ^ b[bad].signbit()).any()
+    return int((a[bad].view(torch.int16).int() - b[bad].view(torch.int16).int()).abs().max()) if bad.any() else 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("groups", [1, 8])
+def test_gated_norm_form_equals_spec(groups):
+    """bf16 x and weight, odd row counts (1, 7, 4231; Dynamo's one-row graph and the dynamic one):
+    the form run eagerly is bitwise the eager spec; compiled, it is bitwise the spec compiled with
+    emulate_precision_casts (the graph it replaces), and against the eager spec differs only where
+    Inductor's reduction order moves a group's fp32 mean by an ulp that then flips the bf16 rounding
+    of the normalised value (a few outputs per million; one ulp there, at most two after the
+    weight multiply's rounding); the plain compile differs in ~25% of outputs, or this test
+    could not see a lost rounding. Without a weight the form is the spec."""
+    hidden, eps = 1024, 1e-6
+    gen = torch.Generator().manual_seed(4 + groups)
+    emulated, form = _compiled_pair(mamba_spec.mixer2_gated_rms_norm)
+    with torch.no_grad():
+        for rows in (1, 7, 4231):
+            x, gate, weight = _gated_inputs(rows, hidden, gen)
+            args = (x, gate, weight, eps, hidden // groups)
+            eager = mamba_spec.mixer2_gated_rms_norm(*args)
+            assert torch.equal(er.mixer2_gated_rms_norm(*args), eager)
+            got = form(*args)
+            assert got.dtype == torch.bfloat16 and torch.equal(got, emulated(*args)), rows
+            assert (got != eager).float().mean() < 1e-4 and _ulps_apart(got, eager) <= 2, rows
+            if rows > 1:
+                plain = torch.compile(mamba_spec.mixer2_gated_rms_norm, dynamic=False)(*args)
+                assert (plain != eager).float().mean() > 0.02
+            no_weight = (x, gate, None, eps, hidden // groups)
+            assert torch.equal(er.mixer2_gated_rms_norm(*no_weight), mamba_spec.mixer2_gated_rms_norm(*no_weight))
+
+
+def test_gated_norm_form_falls_back_to_the_spec_outside_bf16():
+    """fp16, fp32 and mixed dtype pairs run the spec itself (the emulation then does the rounding)."""
+    gen = torch.Generator().manual_seed(6)
+    for x_dtype, w_dtype in [(torch.float16, torch.float16), (torch.float32, torch.float32),
+                             (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)]:
+        x, gate, weight = _gated_inputs(5, 96, gen, x_dtype, w_dtype)
+        for w in (weight, None):
+            for group_size in (96, 24):
+                args = (x, gate, w, 1e-5, group_size)
+                assert torch.equal(er.mixer2_gated_rms_norm(*args), mamba_spec.mixer2_gated_rms_norm(*args))
+
+
+def test_gated_norm_tiers_compile_the_form():
+    """Mixer2RMSNormGated's tiers (emulate_casts) compile the exact-rounding form."""
+    assert er.compiled_form(mamba_spec.mixer2_gated_rms_norm) is er.mixer2_gated_rms_norm
+    assert NORM_CPU_TIERS.emulate_casts
+    assert NORM_CPU_TIERS.compiled(mamba_spec.mixer2_gated_rms_norm) is compile_cache.compiled(
+        er.mixer2_gated_rms_norm, **compile_cache.EMULATE_CASTS, **er.EXACT_ROUNDING_OPTIONS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("groups", [1, 8])
+def test_gated_norm_forward_cpu_compiled_tier(groups):
+    """The op's forward_cpu at compiled sizes (odd rows, bf16 x and weight) against the float64
+    reference of tests/ops/test_mamba.py, and bitwise what the emulated compile of the spec gives."""
+    case = NORM_CASES[0]
+    hidden = 1024
+    rows = int(Mixer2RMSNormGated.cpu_tiers.compile_from(torch.bfloat16)) // hidden + 3
+    with use_config(Config(custom_ops=["all"])):
+        op = case.build(hidden, groups, torch.bfloat16, torch.Generator().manual_seed(groups))
+    emulated = compile_cache.compiled(mamba_spec.mixer2_gated_rms_norm, **compile_cache.EMULATE_CASTS)
+    with torch.no_grad():
+        for n in (rows, 2 * rows + 1):
+            x, gate = case.inputs(n, hidden, torch.bfloat16, torch.Generator().manual_seed(n))
+            got = op.forward_cpu(x, gate)
+            assert_close(got, norm_reference(op, x, gate), torch.bfloat16)
+            assert torch.equal(got, emulated(x, gate, op.weight, op.variance_epsilon, op._group_size()))
