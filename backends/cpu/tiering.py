@@ -43,8 +43,9 @@ class CpuTiers:
             more dims than this is all token dims (rotary's positions).
         emulate_casts: keep eager's intermediate roundings (Inductor otherwise fuses away a cast
             that the spec rounds at, e.g. RMSNorm's cast to the weight dtype). Specs with a form in
-            ``exact_rounding.py`` (the RMSNorm ones) compile that form, which rounds to bf16 in
-            fp32 arithmetic instead of through Inductor's slower emulated round trip.
+            ``exact_rounding.py`` (the RMSNorm ones, the Mixer2 gated norm) compile that form,
+            which rounds to bf16 in fp32 arithmetic instead of through Inductor's slower emulated
+            round trip.
     """
 
     min_numel: float

@@ -294,6 +294,14 @@ def test_bad_norm_input_and_constructor_arguments():
     norm = Mixer2RMSNormGated(96, 4)
     assert_same_error(norm, (torch.randn(3, 96), torch.randn(3, 95)), ValueError, "gate .* must match x")
     assert_same_error(norm, (torch.randn(3, 95), torch.randn(3, 95)), ValueError, r"x has shape \(3, 95\)")
+    assert_same_error(norm, (torch.tensor(1.0), torch.tensor(1.0)), ValueError, r"x has shape \(\)")
+    assert_same_error(norm, (torch.ones(3, 96, dtype=torch.int32), torch.randn(3, 96)), TypeError,
+                      "x must be a floating-point tensor")
+    assert_same_error(norm, (torch.randn(3, 96), torch.ones(3, 96, dtype=torch.int64)), TypeError,
+                      "gate must be a floating-point tensor")
+    # forward_cpu's one-pass test of the same conditions: good inputs skip the full check
+    assert norm._inputs_pass(torch.randn(2, 96), torch.randn(2, 96).bfloat16())
+    assert not norm._inputs_pass(torch.randn(2, 96), torch.randn(2, 1, 96))
     with pytest.raises(ValueError, match="full_n_groups=5 must divide full_hidden_size=96"):
         Mixer2RMSNormGated(96, 5)
     with pytest.raises(ValueError, match=re.escape("intermediate_size=40 must be num_heads * head_dim = 6 * 8")):

@@ -99,12 +99,24 @@ class Mixer2RMSNormGated(CustomOp):
             return self._collective(x, gate)
         return mixer2_gated_rms_norm(x, gate, self.weight, self.variance_epsilon, self._group_size())
 
+    def _inputs_pass(self, x: torch.Tensor, gate: torch.Tensor) -> bool:
+        """True when ``_check`` would pass: its conditions without building a message (the hot
+        path runs the full check, and its errors, only when this says no)."""
+        shape = x.shape
+        return (bool(shape) and shape[-1] == self.per_rank_hidden_size and x.is_floating_point()
+                and gate.is_floating_point() and gate.shape == shape
+                and ((x.is_cpu and gate.is_cpu) or gate.device == x.device))
+
     def forward_cpu(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        self._check(x, gate)
+        # per-call cost matters at decode sizes (issue 18: ~50-100 us calls against torch.compile's
+        # own): the check's conditions in one pass, the weight without nn.Module's __getattr__
+        if not self._inputs_pass(x, gate):
+            self._check(x, gate)
         if not self.local_groups:
             return self._collective(x, gate)
-        return run_tiered(self.cpu_tiers, mixer2_gated_rms_norm, x, gate, self.weight, self.variance_epsilon,
-                          self._group_size())
+        weight, eps, group_size = self._parameters["weight"], self.variance_epsilon, self._group_size()
+        return run_tiered(self.cpu_tiers, mixer2_gated_rms_norm, x, gate, weight, eps, group_size,
+                          static=(weight is None, eps, group_size))
 
     def forward_cuda(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         return self.forward_kernel(x, gate)
