@@ -86,14 +86,14 @@ FORMULATIONS = {"spec": _math.fused_experts, "per_expert": per_expert, "grouped"
 
 
 def grouped_applies(x: torch.Tensor, w2: torch.Tensor) -> bool:
+    return _grouped_fits(x.shape[1], w2.shape[2], x.dtype)
+
+
+def _grouped_fits(hidden: int, inter: int, dtype: torch.dtype) -> bool:
     """``torch._grouped_mm`` runs on CPU tensors here and takes these rows: 16-byte multiples (H
     and I; fp16 checks it on CPU)."""
-    return GROUPED_MM_ON_CPU and _aligned(x.shape[1], w2.shape[2], x.dtype)
-
-
-def _aligned(hidden: int, inter: int, dtype: torch.dtype) -> bool:
     size = dtype.itemsize
-    return (hidden * size) % 16 == 0 and (inter * size) % 16 == 0
+    return GROUPED_MM_ON_CPU and (hidden * size) % 16 == 0 and (inter * size) % 16 == 0
 
 
 def fused_experts(x, w13, w2, *args):
@@ -118,7 +118,7 @@ def route(tokens: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype) 
     """``choice`` from the shape alone (``customop info`` reports it without building tensors):
     ``inter`` is the intermediate size per rank."""
     name = CHOICE.get(dtype, "spec")
-    if name in ("grouped", "compiled") and not (GROUPED_MM_ON_CPU and _aligned(hidden, inter, dtype)):
+    if name in ("grouped", "compiled") and not _grouped_fits(hidden, inter, dtype):
         return "per_expert"
     if name == "compiled" and tokens * top_k < COMPILE_FROM_SLOTS:
         return "grouped"
