@@ -84,6 +84,11 @@ class TileConfig:
     int32: bool = True
     evict: bool = True
 
+    @property
+    def eviction_policy(self) -> str:
+        """x's ``tl.load`` eviction policy (the kernels' ``EVICT`` constexpr; "" for none)."""
+        return "evict_first" if self.evict else ""
+
 
 @dataclasses.dataclass(frozen=True)
 class RotaryConfig:

@@ -258,7 +258,7 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
         kernel[grid](rows, out_rows, n_rows, d, x_stride, d, *args, **constexprs,
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                      EVEN=cfg.even and n_rows % cfg.block_m == 0 and d % cfg.block_n == 0,
-                     INT64=not (cfg.int32 and fits), EVICT="evict_first" if cfg.evict else "")
+                     INT64=not (cfg.int32 and fits), EVICT=cfg.eviction_policy)
     return out
 
 
@@ -344,7 +344,7 @@ def _unary(x: torch.Tensor, act: tl.constexpr, alpha_p: torch.Tensor | None = No
         _unary_kernel[(blocks,)](xc, out, numel, p, n, beta, eps, ACT=act.value, BLOCK=cfg.block_n,
                                  EVEN=cfg.even and numel % cfg.block_n == 0,
                                  INT64=not (cfg.int32 and blocks * cfg.block_n <= 2**31),
-                                 EVICT="evict_first" if cfg.evict else "", num_warps=cfg.num_warps)
+                                 EVICT=cfg.eviction_policy, num_warps=cfg.num_warps)
     return out
 
 
