@@ -34,7 +34,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from benchmarks.cpu.timing import add_timing_args, checked_times, ms_cells, start_run, time_us
+from benchmarks.cpu.timing import TOLERANCE, add_timing_args, checked_times, ms_cells, start_run, time_us
 from customop.config import Config, use_config
 from customop.math.attention import rel_pos_attention_blocked
 from customop.math.mla import MLAMetadata
@@ -190,9 +190,6 @@ def run_rel_pos(args: argparse.Namespace) -> None:
 # ---- mla: multi_head_latent_attention --------------------------------------------------------------
 
 MLA_CASES = ("decode:1x512", "decode:1x4096", "decode:8x512", "decode:8x4096", "prefill:1x512")
-#: normwise relative error against the float64 spec a path may have: fp32 to rounding; 16-bit within
-#: four unit roundoffs, the bound tests/ops/test_mla.py holds the layer to
-MLA_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 4 * 2.0 ** -8, torch.float16: 4 * 2.0 ** -11}
 
 
 def build_mla(args: argparse.Namespace, dtype: torch.dtype, gen: torch.Generator) -> MultiHeadLatentAttentionWrapper:
@@ -297,7 +294,7 @@ def run_mla(args: argparse.Namespace) -> None:
                 fns = {"forward_native": op.forward_native, "compile": compiled, "forward_kernel": op.forward_kernel,
                        "forward_cpu": op.forward_cpu}
                 paths = {n: lambda fn=fns[n]: fn(pos, hidden, cache, meta) for n in names}
-                times, errors = checked_times(paths, want, MLA_TOLERANCE[dtype], f"{case} {dtype_name}",
+                times, errors = checked_times(paths, want, TOLERANCE[dtype], f"{case} {dtype_name}",
                                               args.min_time, clock)
                 cells = ms_cells(times, names)
                 ratios = [times["forward_native"][1] / times["forward_cpu"][1]]

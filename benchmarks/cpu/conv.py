@@ -19,13 +19,11 @@ import argparse
 
 import torch
 
-from benchmarks.cpu.timing import add_timing_args, checked_times, ms_cells, start_run
+from benchmarks.cpu.timing import TOLERANCE, add_timing_args, checked_times, ms_cells, start_run
 from customop.config import Config, use_config
 from customop.ops.conv import Conv2dLayer, Conv3dLayer, conv, conv_layer, patch_linear
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-#: normwise relative error against the float64 spec a path may have (benchmarks/cpu/attention.py's bound)
-TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 4 * 2.0 ** -8, torch.float16: 4 * 2.0 ** -11}
 #: (label, class, input shape, out channels, kernel)
 CASES = (
     ("qwen2-vl 256 patches", Conv3dLayer, (256, 3, 2, 14, 14), 1280, (2, 14, 14)),

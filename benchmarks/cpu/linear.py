@@ -26,12 +26,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from customop.benchmarks.cpu.timing import TOLERANCE, check_paths
 from customop.config import Config, use_config
 from customop.ops.linear import ColumnParallelLinear
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-#: normwise relative error against the float64 spec a path may have (benchmarks/cpu/attention.py's bound)
-TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 4 * 2.0 ** -8}
 
 SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (128, 4096, 4096), (256, 4096, 4096), (256, 4096, 14336),
           (16, 1024, 1024), (256, 1024, 1024)]
@@ -104,11 +103,7 @@ def main() -> None:
                     "compile_layer": lambda: compiled_layer(x),
                     "forward_cpu": lambda: layer.forward_cpu(x),
                 }
-                errors = []
-                for name, fn in fns.items():
-                    err = float((fn().double() - want).norm() / want.norm())
-                    assert err <= TOLERANCE[dtype], f"{m}x{k}x{n} {dtype} {name}: normwise error {err:.1e}"
-                    errors.append(f"{err:.0e}")
+                errors = check_paths(fns, want, TOLERANCE[dtype], f"{m}x{k}x{n} {dtype}")
                 rounds = args.rounds if m * k * n < 2**30 else max(3, args.rounds // 2)
                 t = time_interleaved(fns, rounds, clock)
                 best = min(t.values())

@@ -40,7 +40,7 @@ import torch
 
 from customop.backends.cpu import mamba as cpu
 from customop.backends.cpu.compile_cache import EMULATE_CASTS
-from customop.benchmarks.cpu.timing import time_us
+from customop.benchmarks.cpu.timing import TOLERANCE, check_paths, time_us
 from customop.config import Config, use_config
 from customop.math import mamba as spec
 from customop.ops.mamba import MambaMetadata, MambaMixer, MambaMixer2, Mixer2RMSNormGated, ShortConv
@@ -50,18 +50,12 @@ H, P, N, G = 8, 32, 32, 1  # a small Mamba-2 head set: 256 channels, state 8 x 3
 #: normwise relative error against the float64 spec a path may have: the norm to rounding (fp32) or
 #: four unit roundoffs (16-bit); a whole layer (a recurrence and three GEMMs, inputs rounded to the
 #: cache dtype where the spec rounds them) four times that
-NORM_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 4 * 2.0 ** -8, torch.float16: 4 * 2.0 ** -11}
+NORM_TOLERANCE = TOLERANCE
 LAYER_TOLERANCE = {d: 4 * t for d, t in NORM_TOLERANCE.items()}
 
 
 def _checked(paths: dict, want: torch.Tensor, tolerance: float, what: str) -> str:
-    """Each path's normwise relative error against ``want`` (asserted within ``tolerance``)."""
-    errors = []
-    for name, path in paths.items():
-        err = float((path().double() - want).norm() / want.norm())
-        assert err <= tolerance, f"{what} {name}: normwise error {err:.1e} against float64"
-        errors.append(f"{err:.0e}")
-    return ", ".join(errors)
+    return ", ".join(check_paths(paths, want, tolerance, what))
 
 
 def _row(cells) -> str:

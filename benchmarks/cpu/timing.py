@@ -53,16 +53,28 @@ def time_us(fns: list[Callable[[], object]], min_time: float,
     return [(statistics.quantiles(t, n=20, method="inclusive")[0], statistics.median(t)) for t in times]
 
 
-def checked_times(paths: dict[str, Callable[[], torch.Tensor]], want: torch.Tensor, tolerance: float, what: str,
-                  min_time: float, clock: Callable[[], int]) -> tuple[dict[str, tuple[float, float]], list[str]]:
+#: normwise relative error against the float64 spec a path may have: fp32 to rounding, 16-bit within
+#: four unit roundoffs (the bound the ops' tests hold their layers to)
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 4 * 2.0 ** -8, torch.float16: 4 * 2.0 ** -11}
+
+
+def check_paths(paths: dict[str, Callable[[], torch.Tensor]], want: torch.Tensor, tolerance: float,
+                what: str) -> list[str]:
     """Checks each path's output against ``want`` (float64) by normwise relative error, raising
-    past ``tolerance``, then times them all together (``time_us``): ``({name: (p5, median) us},
-    the errors formatted for a table cell)``."""
+    past ``tolerance``; returns the errors formatted for a table cell."""
     errors = []
     for name, path in paths.items():
         err = float((path().double() - want).norm() / want.norm())
-        assert err <= tolerance, f"{what} {name}: normwise error {err:.1e}"
+        assert err <= tolerance, f"{what} {name}: normwise error {err:.1e} against float64"
         errors.append(f"{err:.0e}")
+    return errors
+
+
+def checked_times(paths: dict[str, Callable[[], torch.Tensor]], want: torch.Tensor, tolerance: float, what: str,
+                  min_time: float, clock: Callable[[], int]) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """``check_paths``, then every path timed together (``time_us``): ``({name: (p5, median) us},
+    the errors)``."""
+    errors = check_paths(paths, want, tolerance, what)
     return dict(zip(paths, time_us(list(paths.values()), min_time, clock))), errors
 
 
