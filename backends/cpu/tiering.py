@@ -143,6 +143,7 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
     """
     if _is_compiling():
         return spec(x, *args, **kwargs)
+    # the size test inline first: compiled-size calls (the hot path) skip _below_threshold's frame
     if x.numel() < tiers.compile_from(x.dtype) and _below_threshold(tiers, x):
         if eager is not None and not _autograd_records(x):
             out = eager(x, *args, **kwargs)
