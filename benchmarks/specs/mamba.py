@@ -9,8 +9,10 @@
   fresh states; timed against the chunked form in plain torch (the minimal SSD of equal-length
   requests, eager and compiled) and ``compile_chunks``: the same chunked math one chunk at a time,
   ``torch.compile`` of one chunk's step (a small graph, compiled once per model and request count)
-  looped over the chunks in Python. Inductor of torch 2.11 fails on the whole chunked form
-  (``TypeError``); the per-chunk graph is the compiled baseline that stays within a compile budget.
+  looped over the chunks in Python. Both write their running sums as triangular products
+  (``running_sum``: Inductor of torch 2.11 fails on ``torch.cumsum`` there).
+  ``--sweep-prefill`` (GPU) times the scan's candidate launch configs
+  (``mamba_ssd.ssd_candidates``) and, for the default, each of its kernels.
   ``--tflops RESULTS_JSON`` prints each implementation's rate over the scan's matmul FLOPs
   (``ssd_flops``), to set against the dense bf16 matmul rate.
 - ``causal_conv1d_fn`` / ``causal_conv1d_update``: the conv over Mamba-2-2.7B's ``xBC``
@@ -115,6 +117,18 @@ def _prefill_inputs(shape: Shape, dtype: torch.dtype, device: torch.device) -> d
     return i
 
 
+def running_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """``torch.cumsum(t, dim)`` as a product with a lower-triangular matrix of ones (fp32; the
+    same sums, in another order). Inductor of torch 2.11 fails to generate code for the cumsums of
+    the chunked form (its split scan: ``TypeError: list indices must be integers or slices, not
+    NoneType``, H200 2026-12-02); the product compiles and costs the baselines little (a chunk's
+    running sum is an ``(L, L) @ (L, H)`` product)."""
+    n = t.shape[dim]
+    ones = torch.ones(n, n, dtype=t.dtype, device=t.device).tril()
+    return torch.movedim(torch.matmul(ones, torch.movedim(t, dim, -2).contiguous()), -2, dim) if t.dim() > 1 \
+        else ones @ t
+
+
 def ssd_minimal(x, dt, A, B, C, D, dt_bias, requests: int, chunk: int = CHUNK):
     """The chunked SSD form of ``requests`` equal-length requests from zero states, in fp32 and
     plain torch (each request padded to whole chunks with dt = 0): y in x's dtype."""
@@ -132,10 +146,10 @@ def ssd_minimal(x, dt, A, B, C, D, dt_bias, requests: int, chunk: int = CHUNK):
     xc, dtc = split(x), split(delta) * valid
     Bc = split(B).repeat_interleave(H // B.shape[1], dim=3)
     Cc = split(C).repeat_interleave(H // C.shape[1], dim=3)
-    a = torch.cumsum(dtc * A, dim=2)  # (r, c, l, H)
+    a = running_sum(dtc * A, dim=2)  # (r, c, l, H)
     states = torch.einsum("rclhn,rclh,rclhp->rchpn", Bc, torch.exp(a[:, :, -1:] - a) * dtc, xc)
     total = a[:, :, -1]  # (r, c, H)
-    seg = torch.cumsum(F.pad(total, (0, 0, 1, 0))[:, :-1], dim=1)  # decay from each chunk's start
+    seg = running_sum(F.pad(total, (0, 0, 1, 0))[:, :-1], dim=1)  # decay from each chunk's start
     decay = torch.exp((seg[:, :, None] - seg[:, None, :] - total[:, None, :]).masked_fill(
         ~torch.ones(L // chunk, L // chunk, dtype=torch.bool, device=x.device).tril(-1)[None, :, :, None], -torch.inf))
     h_in = torch.einsum("rzch,rchpn->rzhpn", decay, states)
@@ -152,7 +166,7 @@ def _ssd_chunk_step(xc, dtc, Bc, Cc, A, h):
     """One chunk of every request (``xc (r, l, H, P)``, ``dtc (r, l, H)`` softplus'd and zero on
     padding, ``Bc, Cc (r, l, H, N)`` per head) from states ``h (r, H, P, N)``: the chunked SSD
     form's intra-chunk terms plus the chunk's state, fp32. Returns (y (r, l, H, P), next h)."""
-    a = torch.cumsum(dtc * A, dim=1)  # (r, l, H)
+    a = running_sum(dtc * A, dim=1)  # (r, l, H)
     l = a.shape[1]
     causal = torch.ones(l, l, dtype=torch.bool, device=xc.device).tril()
     seg = torch.where(causal[None, :, :, None], a[:, :, None, :] - a[:, None, :, :], -torch.inf)
@@ -389,12 +403,82 @@ def sweep_decode(batches=(1, 16, 64, 256), dtype: torch.dtype = torch.bfloat16, 
     print("\n".join(best), flush=True)
 
 
+def sweep_prefill(tokens=(4096, 16384), requests=(1,), dtype: torch.dtype = torch.bfloat16,
+                  device: str = "cuda") -> None:
+    """Times every ``mamba_ssd.ssd_candidates()`` config of the chunked scan (the launcher under
+    ``override_ssd_config``, CUDA-graph timer) on both models, after checking its output and
+    final states against the default's; prints us, TFLOP/s over ``ssd_flops``, the speedup over
+    the default, then the best config per shape and the default's time per kernel (profiler)."""
+    from customop.backends.triton import mamba_ssd
+    from customop.benchmarks.runner_timing import time_graph
+
+    dev = torch.device(device)
+    best = []
+    for model in MODELS:
+        for T in tokens:
+            for S in requests:
+                shape = _shape(T, model, S)
+                i = _prefill_inputs(shape, dtype, dev)
+                state0 = i["state"].clone()
+                flops = ssd_flops(shape)
+
+                def once(cfg, i=i, state0=state0):
+                    state = state0.clone()
+                    with mamba_ssd.override_ssd_config(cfg):
+                        out = mamba_ssd.ssd_chunk_scan(i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["dt_bias"],
+                                                       state, i["qsl"], i["slots"], i["init"], CHUNK, True,
+                                                       spec.NULL_BLOCK_ID)
+                    return out.float(), state
+
+                ref_out, ref_state = once(mamba_ssd.SSDConfig())
+                rows, base_us = [], None
+                for cfg in mamba_ssd.ssd_candidates():
+                    try:
+                        out, state = once(cfg)
+                        err = max(float((out - ref_out).norm() / ref_out.norm()),
+                                  float((state - ref_state).norm() / ref_state.norm()))
+                        check = "ok" if err < 1e-2 else f"WRONG {err:.1e}"
+                        state = state0.clone()
+                        args = (i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["dt_bias"], state, i["qsl"],
+                                i["slots"], i["init"], CHUNK, True, spec.NULL_BLOCK_ID)
+                        with mamba_ssd.override_ssd_config(cfg):
+                            us = time_graph([lambda: mamba_ssd.ssd_chunk_scan(*args)])
+                    except Exception as e:  # a config that fails to compile or launch is reported, not fatal
+                        print(f"{shape.label:20s} {cfg.label():52s} {type(e).__name__}: {str(e)[:80]}", flush=True)
+                        continue
+                    base_us = base_us or us
+                    print(f"{shape.label:20s} {cfg.label():52s} {us:8.1f} us {flops / us / 1e6:6.1f} TFLOP/s "
+                          f"{base_us / us:5.2f}x  {check}", flush=True)
+                    if check == "ok":
+                        rows.append((us, cfg))
+                if rows:
+                    us, cfg = min(rows, key=lambda r: r[0])
+                    best.append(f"{shape.label:20s} best {us:8.1f} us ({base_us / us:.2f}x the default)  {cfg!r}")
+                if T == tokens[0] and S == requests[0]:
+                    _profile_kernels(once, mamba_ssd.SSDConfig())
+    print("\n".join(best), flush=True)
+
+
+def _profile_kernels(once, cfg) -> None:
+    """The CUDA time of each kernel of one call under ``cfg`` (torch.profiler, 5 calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    once(cfg)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            once(cfg)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description="state-space benchmark helpers (the timing itself: customop bench)")
     parser.add_argument("--sweep-decode", action="store_true", help="time the decode kernel's candidate configs")
     parser.add_argument("--batches", default="1,16,64,256", help="decode batches of the sweep")
+    parser.add_argument("--sweep-prefill", action="store_true", help="time the chunked scan's candidate configs")
     parser.add_argument("--tflops", metavar="RESULTS_JSON", help="print the chunked scan's TFLOP/s from a runner's results")
     args = parser.parse_args(argv)
     if args.tflops:
@@ -408,6 +492,11 @@ def main(argv: list[str] | None = None) -> int:
 
         load_backend("cuda")
         sweep_decode(tuple(int(b) for b in args.batches.split(",")))
+    if args.sweep_prefill:
+        from customop.backend_loader import load_backend
+
+        load_backend("cuda")
+        sweep_prefill()
     return 0
 
 
