@@ -28,8 +28,9 @@ bf16/fp16 inputs round each operand to the input dtype and run on the tensor cor
 accumulation, as vLLM's SSD kernels do (the fp32 FMA form measured 3.6-3.9x slower than eager
 PyTorch on the H200 at Mamba-2 2.7B shapes, 2026-12-01). Under the Triton interpreter, which
 multiplies bf16 tiles as integers (triton 3.7.1), the same rounding is applied and the product
-taken in fp32. CB, the passed states and the running sums stay fp32; the cache gets the final
-state in its own dtype. Offsets into the tokens and the cache are int64.
+taken in fp32. CB, the chunk states, the state passing and the running sums stay fp32; the
+states entering each chunk are handed to the scan rounded to the dtype its matmul rounds them to
+anyway (fp32 in ieee mode); the cache gets the final state in its own dtype. Offsets into the tokens and the cache are int64.
 
 Launch shapes are data (``SSDConfig``; ``ssd_candidates`` is what the H200 sweep times,
 ``python -m customop.benchmarks.specs.mamba --sweep-prefill``).
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 
 import torch
 import triton
@@ -53,9 +55,11 @@ class SSDConfig:
 
     state_p / state_l / state_warps: the chunk state's head_dim rows per program, tokens per
     matmul step, warps; cb_m / cb_k / cb_warps: C B^T's square tile (tokens) and d_state step;
-    scan_m / scan_k / scan_p / scan_warps: the chunk scan's output tokens per program, source
-    tokens per step, head_dim columns per program; stages: software-pipelining depth of the
-    matmul loops; pass_block: state elements per program of the state passing."""
+    scan_m / scan_k / scan_p / scan_ds / scan_warps / scan_stages: the chunk scan's output tokens
+    per program, source tokens per step, head_dim columns per program, d_state per step of the
+    entering state's product, warps, software-pipelining depth of its loops; stages: that depth for
+    the chunk state's and C B^T's loops; pass_block: state elements per program of the state
+    passing."""
 
     state_p: int = 64
     state_l: int = 64
@@ -64,24 +68,27 @@ class SSDConfig:
     cb_k: int = 32
     cb_warps: int = 4
     scan_m: int = 64
-    scan_k: int = 64
+    scan_k: int = 32
     scan_p: int = 64
-    scan_warps: int = 8
+    scan_warps: int = 4
+    scan_ds: int = 32
+    scan_stages: int = 2
     stages: int = 2
     pass_block: int = 1024
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.name == "stages":
+            if f.name.endswith("stages"):
                 if not 1 <= v <= 5:
-                    raise ValueError(f"SSDConfig.stages must be 1-5, got {v}")
+                    raise ValueError(f"SSDConfig.{f.name} must be 1-5, got {v}")
             elif v < 1 or v & (v - 1):
                 raise ValueError(f"SSDConfig.{f.name} must be a power of two, got {v}")
 
     def label(self) -> str:
         return (f"st{self.state_p}x{self.state_l}w{self.state_warps} cb{self.cb_m}k{self.cb_k}w{self.cb_warps} "
-                f"sc{self.scan_m}x{self.scan_k}p{self.scan_p}w{self.scan_warps} s{self.stages}")
+                f"sc{self.scan_m}x{self.scan_k}p{self.scan_p}d{self.scan_ds}w{self.scan_warps}s{self.scan_stages} "
+                f"s{self.stages} pb{self.pass_block}")
 
 
 _OVERRIDE: list[SSDConfig] = []
@@ -103,18 +110,21 @@ def override_ssd_config(cfg: SSDConfig):
 
 
 def ssd_candidates() -> list[SSDConfig]:
-    """The configurations the prefill sweep times: the default, then one axis at a time."""
+    """The configurations the prefill sweep times: the default, the chunk scan's tiles, warps and
+    pipelining depth over a grid (it is most of the time), then the other steps' one at a time."""
     base = SSDConfig()
     out = [base]
-    for fields in (dict(stages=1), dict(stages=3), dict(stages=4),
-                   dict(state_p=32, state_warps=4), dict(state_l=32), dict(state_l=128), dict(state_warps=4),
-                   dict(cb_m=128, cb_warps=8), dict(cb_k=64, cb_warps=8), dict(cb_k=16),
-                   dict(scan_m=128, scan_k=32), dict(scan_m=32, scan_warps=4), dict(scan_k=32),
-                   dict(scan_k=32, scan_warps=4), dict(scan_k=128), dict(scan_p=32),
-                   dict(scan_k=32, stages=3), dict(scan_m=128, scan_k=32, stages=3),
+    grid = [(m, k, w, st, ds) for m in (64, 128) for k, w, st, ds in itertools.product((16, 32, 64), (4, 8), (1, 2),
+                                                                                     (32, 64))]
+    grid += [(32, k, w, st, 32) for k, w, st in itertools.product((16, 32), (2, 4), (1, 2))]
+    for m, k, w, st, ds in grid:
+        out.append(dataclasses.replace(base, scan_m=m, scan_k=k, scan_warps=w, scan_stages=st, scan_ds=ds))
+    for fields in (dict(scan_ds=128), dict(scan_p=32), dict(scan_p=32, scan_m=128),
+                   dict(stages=1), dict(stages=3), dict(state_p=32, state_warps=4), dict(state_l=32),
+                   dict(state_warps=4), dict(cb_m=128, cb_warps=8), dict(cb_k=64, cb_warps=8),
                    dict(pass_block=256), dict(pass_block=512), dict(pass_block=2048)):
         out.append(dataclasses.replace(base, **fields))
-    return out
+    return list(dict.fromkeys(out))
 
 
 def dot_mode(dtype: torch.dtype) -> str:
@@ -202,7 +212,7 @@ def _state_passing_kernel(states_ptr, h_in_ptr, acum_ptr, cache_ptr, cend_ptr, f
     first, count = tl.load(first_ptr + seq), tl.load(count_ptr + seq)
     for c in range(first, first + count):
         row = (c * n_heads + h).to(tl.int64) * head_dim * state_size + e
-        tl.store(h_in_ptr + row, s, mask=ok)
+        tl.store(h_in_ptr + row, s.to(h_in_ptr.dtype.element_ty), mask=ok)
         a_total = tl.load(acum_ptr + (tl.load(cend_ptr + c) - 1).to(tl.int64) * n_heads + h)
         s = tl.exp(a_total) * s + tl.load(states_ptr + row, mask=ok, other=0.0)
     if real & (count > 0):
@@ -240,7 +250,7 @@ def _chunk_cb_kernel(b_ptr, c_ptr, cb_ptr, cstart_ptr, cend_ptr, n_groups, state
 def _chunk_scan_kernel(x_ptr, c_ptr, cb_ptr, d_ptr, delta_ptr, acum_ptr, h_in_ptr, out_ptr, cstart_ptr, cend_ptr,
                        n_heads, head_dim, state_size, heads_per_group, n_groups, chunk_size, blocks_per_chunk,
                        sx_t, sx_h, sx_p, sc_t, sc_g, sc_n,
-                       HAS_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                       HAS_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DS: tl.constexpr,
                        BLOCK_K: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr):
     h = tl.program_id(0)
     c = tl.program_id(1) // blocks_per_chunk
@@ -249,18 +259,22 @@ def _chunk_scan_kernel(x_ptr, c_ptr, cb_ptr, d_ptr, delta_ptr, acum_ptr, h_in_pt
     if start + i0 < end:
         g = h // heads_per_group
         p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
-        n = tl.arange(0, BLOCK_N)
-        p_ok, n_ok = p < head_dim, n < state_size
+        p_ok = p < head_dim
         i = i0 + tl.arange(0, BLOCK_M)
         tm = start + i
         m_ok = tm < end
         tm64 = tm.to(tl.int64)
         a_m = tl.load(acum_ptr + tm64 * n_heads + h, mask=m_ok, other=0.0)
-        C = tl.load(c_ptr + tm64[:, None] * sc_t + g * sc_g + n[None, :] * sc_n, mask=m_ok[:, None] & n_ok[None, :],
-                    other=0.0)
-        h_in = tl.load(h_in_ptr + ((c * n_heads + h).to(tl.int64) * head_dim + p[None, :]) * state_size + n[:, None],
-                       mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (N, P)
-        acc = _mm(C, h_in, x_ptr.dtype.element_ty, DOT) * tl.exp(a_m)[:, None]
+        h_rows = h_in_ptr + ((c * n_heads + h).to(tl.int64) * head_dim + p[None, :]) * state_size
+        acc = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
+        for n0 in tl.range(0, state_size, BLOCK_DS, num_stages=STAGES):  # C @ h_in^T, BLOCK_DS at a time
+            n = n0 + tl.arange(0, BLOCK_DS)
+            n_ok = n < state_size
+            C = tl.load(c_ptr + tm64[:, None] * sc_t + g * sc_g + n[None, :] * sc_n,
+                        mask=m_ok[:, None] & n_ok[None, :], other=0.0)
+            h_in = tl.load(h_rows + n[:, None], mask=n_ok[:, None] & p_ok[None, :], other=0.0)  # (N, P)
+            acc += _mm(C, h_in, x_ptr.dtype.element_ty, DOT)
+        acc *= tl.exp(a_m)[:, None]
         cb_rows = cb_ptr + ((c * n_groups + g).to(tl.int64) * chunk_size + i[:, None]) * chunk_size
         # source tokens up to the block's last: every step but the last is below the diagonal
         for k0 in tl.range(0, tl.minimum(end - start, i0 + BLOCK_M), BLOCK_K, num_stages=STAGES):
@@ -327,7 +341,11 @@ def ssd_chunk_scan(x, dt, A, B, C, D, dt_bias, ssm_states, query_start_loc, cach
     n_chunks = cstart.shape[0]
     f32 = dict(dtype=torch.float32, device=x.device)
     delta, acum = torch.empty((T, H), **f32), torch.empty((T, H), **f32)
-    states, h_in = torch.empty((n_chunks, H, P, N), **f32), torch.empty((n_chunks, H, P, N), **f32)
+    dot = dot_mode(x.dtype)
+    states = torch.empty((n_chunks, H, P, N), **f32)
+    # the scan rounds the entering states to x's dtype for its matmul (fp32 only in ieee mode), so
+    # the state passing stores them rounded: half the traffic of that hand-off, the same bits
+    h_in = torch.empty((n_chunks, H, P, N), dtype=torch.float32 if dot == "ieee" else x.dtype, device=x.device)
     cb = torch.empty((n_chunks, G, chunk_size, chunk_size), **f32)
     block_n = max(16, next_pow2(N))
     state_p, state_l = _tile(cfg.state_p, P), _tile(cfg.state_l, chunk_size)
@@ -337,7 +355,6 @@ def ssd_chunk_scan(x, dt, A, B, C, D, dt_bias, ssm_states, query_start_loc, cach
     flat = min(cfg.pass_block, next_pow2(P * N))
     block_h = min(16, next_pow2(H))
     slots, init = cache_indices.to(torch.int32), has_initial_state.to(torch.int8)
-    dot = dot_mode(x.dtype)
     with device_guard(x.device):
         _cumsum_kernel[(n_chunks, triton.cdiv(H, block_h))](
             dt, dt_bias if dt_bias is not None else A, A, delta, acum, cstart, cend, H, dt.stride(0), dt.stride(1),
@@ -355,8 +372,8 @@ def ssd_chunk_scan(x, dt, A, B, C, D, dt_bias, ssm_states, query_start_loc, cach
         _chunk_scan_kernel[(H, n_chunks * scan_blocks, triton.cdiv(P, scan_p))](
             x, C, cb, D if D is not None else A, delta, acum, h_in, out, cstart, cend, H, P, N, H // G, G,
             chunk_size, scan_blocks, *x.stride(), *C.stride(),
-            HAS_D=D is not None, BLOCK_M=scan_m, BLOCK_P=scan_p, BLOCK_N=block_n, BLOCK_K=scan_k, DOT=dot,
-            STAGES=cfg.stages, num_warps=cfg.scan_warps)
+            HAS_D=D is not None, BLOCK_M=scan_m, BLOCK_P=scan_p, BLOCK_DS=_tile(cfg.scan_ds, N), BLOCK_K=scan_k,
+            DOT=dot, STAGES=cfg.scan_stages, num_warps=cfg.scan_warps)
     return out
 
 

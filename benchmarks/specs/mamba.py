@@ -26,6 +26,8 @@ graphs take them; the runner checks the kernel's outputs against them first.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -403,17 +405,19 @@ def sweep_decode(batches=(1, 16, 64, 256), dtype: torch.dtype = torch.bfloat16, 
     print("\n".join(best), flush=True)
 
 
-def sweep_prefill(tokens=(4096, 16384), requests=(1,), dtype: torch.dtype = torch.bfloat16,
-                  device: str = "cuda") -> None:
+def sweep_prefill(tokens=(4096,), requests=(1,), dtype: torch.dtype = torch.bfloat16,
+                  device: str = "cuda", out_json: str | None = None) -> None:
     """Times every ``mamba_ssd.ssd_candidates()`` config of the chunked scan (the launcher under
     ``override_ssd_config``, CUDA-graph timer) on both models, after checking its output and
     final states against the default's; prints us, TFLOP/s over ``ssd_flops``, the speedup over
-    the default, then the best config per shape and the default's time per kernel (profiler)."""
+    the default, then the best config per shape, the best over all shapes (geometric mean of the
+    time relative to each shape's best; ``out_json`` gets its fields) and the default's time per
+    kernel (profiler)."""
     from customop.backends.triton import mamba_ssd
     from customop.benchmarks.runner_timing import time_graph
 
     dev = torch.device(device)
-    best = []
+    best, times = [], {}
     for model in MODELS:
         for T in tokens:
             for S in requests:
@@ -451,12 +455,24 @@ def sweep_prefill(tokens=(4096, 16384), requests=(1,), dtype: torch.dtype = torc
                           f"{base_us / us:5.2f}x  {check}", flush=True)
                     if check == "ok":
                         rows.append((us, cfg))
+                        times.setdefault(cfg, []).append(us)
                 if rows:
                     us, cfg = min(rows, key=lambda r: r[0])
                     best.append(f"{shape.label:20s} best {us:8.1f} us ({base_us / us:.2f}x the default)  {cfg!r}")
                 if T == tokens[0] and S == requests[0]:
                     _profile_kernels(once, mamba_ssd.SSDConfig())
     print("\n".join(best), flush=True)
+    n_shapes = max(len(v) for v in times.values())
+    floor = [min(v[k] for v in times.values() if len(v) == n_shapes) for k in range(n_shapes)]
+    score = {cfg: math.prod(us / f for us, f in zip(v, floor)) ** (1 / n_shapes)
+             for cfg, v in times.items() if len(v) == n_shapes}
+    overall = min(score, key=score.get)
+    print(f"best over all shapes ({score[overall]:.3f}x the per-shape bests): {overall!r}", flush=True)
+    if out_json:
+        import json
+
+        with open(out_json, "w") as f:
+            json.dump(dataclasses.asdict(overall), f)
 
 
 def _profile_kernels(once, cfg) -> None:
@@ -479,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-decode", action="store_true", help="time the decode kernel's candidate configs")
     parser.add_argument("--batches", default="1,16,64,256", help="decode batches of the sweep")
     parser.add_argument("--sweep-prefill", action="store_true", help="time the chunked scan's candidate configs")
+    parser.add_argument("--sweep-out", default=None, help="--sweep-prefill: JSON file for the best config's fields")
     parser.add_argument("--tflops", metavar="RESULTS_JSON", help="print the chunked scan's TFLOP/s from a runner's results")
     args = parser.parse_args(argv)
     if args.tflops:
@@ -496,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         from customop.backend_loader import load_backend
 
         load_backend("cuda")
-        sweep_prefill()
+        sweep_prefill(out_json=args.sweep_out)
     return 0
 
 

@@ -335,7 +335,7 @@ def _aot_cases(P="*bf16", S="*fp32"):
                _decode_constexprs(cfg, N, head_dim=64 if mamba2 else 40, per_head_layout=mamba2, has_z=not mamba2),
                cfg.num_warps)
     ssd = {"x_ptr": P, "dt_ptr": P, "bias_ptr": P, "a_ptr": f32, "b_ptr": P, "c_ptr": P, "d_ptr": P, "out_ptr": P,
-           "delta_ptr": f32, "acum_ptr": f32, "states_ptr": f32, "h_in_ptr": f32, "cache_ptr": S, "cstart_ptr": i32,
+           "delta_ptr": f32, "acum_ptr": f32, "states_ptr": f32, "h_in_ptr": f32 if P == "*fp32" else P, "cache_ptr": S, "cstart_ptr": i32,
            "cend_ptr": i32, "first_ptr": i32, "count_ptr": i32, "slot_ptr": i32, "init_ptr": i8, "cb_ptr": f32}
     yield "ssd cumsum 256", mamba_ssd._cumsum_kernel, ssd, dict(HAS_BIAS=True, SOFTPLUS=True, CHUNK=256,
                                                                   BLOCK_H=16), 4
@@ -346,8 +346,8 @@ def _aot_cases(P="*bf16", S="*fp32"):
     yield ("ssd C B^T", mamba_ssd._chunk_cb_kernel, ssd, dict(BLOCK_M=cfg.cb_m, BLOCK_K=cfg.cb_k, DOT=dot,
                                                               STAGES=cfg.stages), cfg.cb_warps)
     yield ("ssd chunk scan N=128", mamba_ssd._chunk_scan_kernel, ssd,
-           dict(HAS_D=True, BLOCK_M=cfg.scan_m, BLOCK_P=cfg.scan_p, BLOCK_N=128, BLOCK_K=cfg.scan_k, DOT=dot,
-                STAGES=cfg.stages), cfg.scan_warps)
+           dict(HAS_D=True, BLOCK_M=cfg.scan_m, BLOCK_P=cfg.scan_p, BLOCK_DS=cfg.scan_ds, BLOCK_K=cfg.scan_k, DOT=dot,
+                STAGES=cfg.scan_stages), cfg.scan_warps)
     norm = {"x_ptr": P, "gate_ptr": P, "w_ptr": P, "out_ptr": P, "eps": "fp32"}
     yield "norm 4 x 1024", mamba_norm._mixer2_norm_kernel, norm, dict(HAS_WEIGHT=True, BLOCK_M=4, BLOCK_N=1024,
                                                                        SINGLE_TILE=True), 8
