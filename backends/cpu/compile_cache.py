@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from customop.backends.cpu import standalone
+
 _compiled: dict[tuple[Callable[..., Any], frozenset], Callable[..., Any]] = {}
 
 #: Bumped by ``reset()``: caches of what ``compiled`` returned (``CpuTiers``' per-function one)
@@ -52,6 +54,7 @@ def reset() -> None:
     the next call of each tier compiles again, as in a fresh process (tests, benchmarks)."""
     global generation
     generation += 1
+    standalone.reset()
     _dynamic_ready.clear()
     _compiled.clear()
     torch._dynamo.reset()

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from customop.backends.cpu import compile_cache
+from customop.backends.cpu import compile_cache, standalone
 from customop.backends.cpu.compile_cache import EMULATE_CASTS, compiled, dynamic_ready, mark_dynamic_ready
 from customop.backends.cpu.exact_rounding import EXACT_ROUNDING_OPTIONS, compiled_form
 
@@ -46,6 +46,9 @@ class CpuTiers:
             ``exact_rounding.py`` (the RMSNorm ones, the Mixer2 gated norm) compile that form,
             which rounds to bf16 in fp32 arithmetic instead of through Inductor's slower emulated
             round trip.
+        standalone: call the compiled tier's Inductor code without Dynamo (``standalone.py``: our
+            own guards, the Dynamo path whenever one fails): ~20-40 us less a call. For 2-D row
+            specs whose tensors are x's shape or ``[hidden]`` (the RMSNorm family).
     """
 
     min_numel: float
@@ -55,9 +58,13 @@ class CpuTiers:
     dynamic_hidden: bool = True
     feature_dims: int = 1
     emulate_casts: bool = False
+    standalone: bool = False
     #: fn -> (what ``compiled`` gave for it, the generation and the two resolvers it came from): the
     #: compile cache's key is a dict of options made into a frozenset, ~1 us a call to rebuild
     _fns: dict[Callable[..., Any], tuple[Any, ...]] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False)
+    #: fn -> ((form, options items), the resolver it came from), for ``standalone.run``
+    _forms: dict[Callable[..., Any], tuple[Any, ...]] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
 
     def compile_from(self, dtype: torch.dtype) -> float:
@@ -73,13 +80,27 @@ class CpuTiers:
         # benchmarks patch them)
         if hit is not None and hit[1] == compile_cache.generation and hit[2] is compiled and hit[3] is compiled_form:
             return hit[0]
-        if not self.emulate_casts:
-            out = compiled(fn)
-        else:
-            form = compiled_form(fn)  # the RMSNorm specs: the bf16 rounding in fp32 arithmetic
-            out = (compiled(fn, **EMULATE_CASTS) if form is fn
-                   else compiled(form, **EMULATE_CASTS, **EXACT_ROUNDING_OPTIONS))
+        form, options = self.form(fn)
+        out = compiled(form, **options)
         self._fns[fn] = (out, compile_cache.generation, compiled, compiled_form)
+        return out
+
+    def form(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
+        """What the compiled tier compiles for ``fn``, and with which Inductor options."""
+        if not self.emulate_casts:
+            return fn, {}
+        form = compiled_form(fn)  # the RMSNorm specs: the bf16 rounding in fp32 arithmetic
+        return (fn, dict(EMULATE_CASTS)) if form is fn else (form, {**EMULATE_CASTS, **EXACT_ROUNDING_OPTIONS})
+
+    def standalone_form(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], tuple[tuple[str, Any], ...]]:
+        """``form(fn)`` with the options as sorted items (``standalone.run``'s key), cached like
+        ``compiled``."""
+        hit = self._forms.get(fn)
+        if hit is not None and hit[1] is compiled_form:
+            return hit[0]
+        form, options = self.form(fn)
+        out = (form, tuple(sorted(options.items())))
+        self._forms[fn] = (out, compiled_form)
         return out
 
 
@@ -135,7 +156,8 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
       with fewer temporaries; ``None`` from it means "not covered, use the spec") while autograd
       is not recording for ``x`` (its in-place steps would overwrite saved values), else ``spec``;
     - above: the compiled ``compiled_spec`` (default ``spec``) of ``prepare(x)`` (default ``x``),
-      its token dims marked dynamic until a graph dynamic in them exists (``CpuTiers.dynamic``).
+      its token dims marked dynamic until a graph dynamic in them exists (``CpuTiers.dynamic``);
+      with ``CpuTiers.standalone`` the same code called without Dynamo while its guards hold.
 
     ``static``: the caller's stand-in for what Dynamo guards on in ``args``/``kwargs`` besides
     tensor sizes (every non-tensor value, and which tensor arguments are None), when it has one
@@ -150,6 +172,12 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
             if out is not None:
                 return out
         return spec(x, *args, **kwargs)
+    if tiers.standalone and prepare is None and not kwargs:
+        # Inductor's code without Dynamo's call path; None: a guard failed, Dynamo's path below
+        form, options = tiers.standalone_form(compiled_spec or spec)
+        out = standalone.run(form, options, x, args)
+        if out is not None:
+            return out
     fn = tiers.compiled(compiled_spec or spec)
     if prepare is not None:
         x = prepare(x)

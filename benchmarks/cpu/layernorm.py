@@ -1,7 +1,8 @@
 """CPU timings of the norms family: eager native vs ``torch.compile(native)`` vs ``forward_cpu``.
 
     .venv/bin/python -m benchmarks.cpu.layernorm [--dtypes bf16,fp32] [--shapes 1x4096,...]
-        [--extra] [--layer] [--emulated-rounding] [--min-time 0.4] [--threads N] [--clock wall|cpu]
+        [--extra] [--layer] [--emulated-rounding] [--dynamo-route] [--min-time 0.4] [--threads N]
+        [--clock wall|cpu]
 
 ``--layer``: vLLM 0.33's layer norms and FusedRMSNormGated (layer_norm, nemotron_layer_norm
 with and without the fused add, fused_rms_norm_gated) at the ``--shapes`` instead of RMSNorm.
@@ -9,7 +10,9 @@ with and without the fused add, fused_rms_norm_gated) at the ``--shapes`` instea
 Prints a markdown table of microseconds per call, ``p5 / median``, for four paths: the math
 function called eagerly; ``op.forward_native`` (the same through the op, as a disabled op runs,
 with the module's attribute lookups); ``torch.compile`` of the math function with Inductor's
-defaults; and ``op.forward_cpu``. Speed-ups are ratios of the 5th percentiles.
+defaults; and ``op.forward_cpu``. Speed-ups are ratios of the 5th percentiles. ``--dynamo-route``
+adds ``forward_cpu`` as before the standalone route (``CpuTiers.standalone`` off: the compiled tier
+called through Dynamo), timed in the same shuffled rounds, and both against ``torch.compile``.
 
 Method. Every call is timed on its own and the paths take turns call by call in a shuffled order,
 so that other jobs' load (and the cache disturbance one call leaves for the next, ~3-5 us after a
@@ -28,6 +31,9 @@ from __future__ import annotations
 import argparse
 
 import torch
+
+import copy
+import dataclasses
 
 from benchmarks.cpu.timing import add_timing_args, start_run, time_us
 
@@ -99,6 +105,8 @@ def main() -> None:
     parser.add_argument("--emulated-rounding", action="store_true",
                         help="forward_cpu as before issue 18: bf16 RMSNorm's compiled tier compiles the spec "
                              "with emulate_precision_casts instead of backends/cpu/exact_rounding.py")
+    parser.add_argument("--dynamo-route", action="store_true",
+                        help="also forward_cpu with its compiled tier called through Dynamo (CpuTiers.standalone off)")
     add_timing_args(parser)
     args = parser.parse_args()
     if args.emulated_rounding:
@@ -107,9 +115,13 @@ def main() -> None:
     clock = start_run(args)
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
 
+    before = args.dynamo_route
     print("| op | dtype | shape | eager math fn (us) | op.forward_native (us) | torch.compile (us) | "
-          "forward_cpu (us) | compile x | forward_cpu x | forward_cpu x forward_native |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "forward_cpu (us) | " + ("forward_cpu via Dynamo (us) | " if before else "")
+          + "compile x | forward_cpu x | forward_cpu x forward_native |"
+          + (" via Dynamo / compile | forward_cpu / compile |" if before else ""))
+    print("|---|---|---|---:|---:|---:|---:|" + ("---:|" if before else "") + "---:|---:|---:|"
+          + ("---:|---:|" if before else ""))
     with torch.no_grad():
         for dtype_name in args.dtypes.split(","):
             for label, shape, fn, op, fn_args, op_args in cases(DTYPES[dtype_name], shapes, args.extra, args.layer):
@@ -117,15 +129,22 @@ def main() -> None:
                 # forward_cpu: start each case afresh so that no case meets the recompile limit.
                 torch._dynamo.reset()
                 compiled_fn = torch.compile(fn)
+                ops = [op]
+                if before:  # the same op (its parameters shared) with the compiled tier through Dynamo
+                    ops.append(copy.copy(op))
+                    ops[1].cpu_tiers = dataclasses.replace(op.cpu_tiers, standalone=False)
                 for rows in (shape[0] + 1, shape[0] + 2):  # the serving loop's steady state
                     compiled_fn(*with_rows(fn_args, shape, rows))
-                    op.forward_cpu(*with_rows(op_args, shape, rows))
-                eager, native, comp, ours = time_us(
-                    [lambda: fn(*fn_args), lambda: op.forward_native(*op_args),
-                     lambda: compiled_fn(*fn_args), lambda: op.forward_cpu(*op_args)], args.min_time, clock)
-                cells = " | ".join(f"{best:.1f} / {median:.1f}" for best, median in (eager, native, comp, ours))
+                    for o in ops:
+                        o.forward_cpu(*with_rows(op_args, shape, rows))
+                times = time_us([lambda: fn(*fn_args), lambda: op.forward_native(*op_args),
+                                 lambda: compiled_fn(*fn_args)] + [lambda o=o: o.forward_cpu(*op_args) for o in ops],
+                                args.min_time, clock)
+                eager, native, comp, ours = times[:4]
+                cells = " | ".join(f"{best:.1f} / {median:.1f}" for best, median in times)
+                tail = f" {comp[0] / times[4][0]:.2f} | {comp[0] / ours[0]:.2f} |" if before else ""
                 print(f"| {label} | {dtype_name} | {'x'.join(map(str, shape))} | {cells} | "
-                      f"{eager[0] / comp[0]:.2f} | {eager[0] / ours[0]:.2f} | {native[0] / ours[0]:.2f} |",
+                      f"{eager[0] / comp[0]:.2f} | {eager[0] / ours[0]:.2f} | {native[0] / ours[0]:.2f} |{tail}",
                       flush=True)
 
 

@@ -100,8 +100,9 @@ _NORM_THRESHOLDS = dict(min_numel=4096, by_dtype={torch.float32: 32768}, dynamic
 #: Inductor fuses the cast away unless told to emulate eager's casts; without it 26% of bf16 outputs
 #: differ by one ulp from forward_native (measured on 64x512). Emulation costs bf16 10-70% against
 #: plain Inductor (256x4096: 555 vs 325 us on one thread) yet stays 1.2-6x ahead of eager; the
-#: other norms cast only once, at the end, and compile plainly.
-RMS_NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, emulate_casts=True)
+#: other norms cast only once, at the end, and compile plainly. ``standalone``: the compiled code is
+#: called without Dynamo's ~20-40 us call path while our guards hold (backends/cpu/standalone.py).
+RMS_NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, emulate_casts=True, standalone=True)
 NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS)
 
 

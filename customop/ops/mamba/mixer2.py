@@ -25,9 +25,10 @@ from customop.ops.mamba.mixer import negative_exp, sharded_loader, ssm_parameter
 #: to x's dtype before the weight, which Inductor would otherwise fuse away (one ulp in ~25% of
 #: bf16 outputs); for bf16 x and weight the tier compiles backends/cpu/exact_rounding.py's form
 #: (that rounding in fp32 arithmetic, bitwise the emulated graph, faster), fp16/fp32 the spec
-#: with emulate_precision_casts.
+#: with emulate_precision_casts. ``standalone``: that code called without Dynamo while our guards
+#: hold (backends/cpu/standalone.py).
 NORM_CPU_TIERS = CpuTiers(min_numel=4096, by_dtype={torch.float32: 32768}, dynamic_hidden=False,
-                          emulate_casts=True)
+                          emulate_casts=True, standalone=True)
 
 
 @CustomOp.register("mixer2_gated_rms_norm")

@@ -1,0 +1,240 @@
+"""The norms' compiled tier without Dynamo (backends/cpu/standalone.py, issue 18): fresh random
+inputs at odd row counts in every dtype against the float64 references and bitwise against the
+Dynamo path it replaces; one artifact for every token count of two or more (one more for one
+token), no Dynamo graph while the guards hold; each guard failing falls back to the Dynamo path
+with the right result; a torch without ``standalone_compile`` degrades to that path, said once."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from customop.backends.cpu import compile_cache, standalone
+from customop.config import Config, use_config
+from customop.ops import layernorm as L
+from customop.ops.mamba import Mixer2RMSNormGated
+from customop.samples.mamba import NORM_CASES
+from customop.testing import assert_close
+from tests.cases.layernorm import ref_fused_add, ref_rms_norm
+from tests.cases.mamba import norm_reference
+
+H = 1031  # odd: the vector loops' tails run too
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiles():
+    compile_cache.reset()
+    yield
+    compile_cache.reset()
+
+
+def graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def rms_norm(dtype, hidden=H, seed=0, weight_dtype=None):
+    """An enabled RMSNorm compiling from one token, with a random weight (not ones)."""
+    with use_config(Config(custom_ops=["all"])):
+        op = L.RMSNorm(hidden, dtype=weight_dtype or dtype).requires_grad_(False)
+    gen = torch.Generator().manual_seed(seed)
+    op.weight.copy_(torch.randn(hidden, generator=gen) * 0.3 + 1)
+    op.cpu_tiers = op.cpu_tiers.compiling_from(1)
+    return op
+
+
+def via_dynamo(op):
+    """The same op (parameters shared) with its compiled tier called through Dynamo, as before."""
+    other = copy.copy(op)
+    other.cpu_tiers = dataclasses.replace(op.cpu_tiers, standalone=False)
+    return other
+
+
+def randn(*shape, dtype, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def test_tiers_wiring():
+    assert L.RMSNorm.cpu_tiers.standalone and Mixer2RMSNormGated.cpu_tiers.standalone
+    assert not L.GemmaRMSNorm.cpu_tiers.standalone  # measured and wired for the RMSNorm family only
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_float64_reference_and_bitwise_the_dynamo_path(dtype):
+    """1, 7 and 4231 rows of fresh random inputs, rms_norm and the fused add: within the dtype's
+    tolerance of the float64 reference, bitwise what the Dynamo path gives, with no Dynamo graph
+    and four artifacts (two functions, one row and more)."""
+    op = rms_norm(dtype)
+    before, built = graphs(), standalone.compiles
+    got = {}
+    with torch.no_grad():
+        for rows in (1, 7, 4231):
+            x, residual = randn(rows, H, dtype=dtype, seed=rows), randn(rows, H, dtype=dtype, seed=rows + 1)
+            got[rows] = x, residual, op.forward_cpu(x), op.forward_cpu(x, residual)
+            assert_close(got[rows][2], ref_rms_norm(x, op.weight, op.eps), dtype)
+            assert_close(got[rows][3], ref_fused_add(x, residual, op.weight, op.eps), dtype)
+        assert graphs() == before and standalone.compiles - built == 4
+        dynamo = via_dynamo(op)
+        for rows, (x, residual, plain, fused) in got.items():
+            assert torch.equal(plain, dynamo.forward_cpu(x)), rows
+            assert all(map(torch.equal, fused, dynamo.forward_cpu(x, residual))), rows
+
+
+@pytest.mark.slow
+def test_one_artifact_serves_every_token_count():
+    op = rms_norm(torch.bfloat16)
+    before, built = graphs(), standalone.compiles
+    with torch.no_grad():
+        for rows in (2, 3, 7, 64, 4231, 5, 1, 1, 2):
+            x = randn(rows, H, dtype=torch.bfloat16, seed=rows)
+            assert_close(op.forward_cpu(x), ref_rms_norm(x, op.weight, op.eps), torch.bfloat16)
+        assert standalone.compiles - built == 2  # rows >= 2 (dynamic) and one row (static)
+        x = randn(3, 5, H, dtype=torch.bfloat16, seed=9)  # 3-D: a view of its rows, same artifact
+        out = op.forward_cpu(x)
+        assert out.shape == x.shape and torch.equal(out.flatten(0, 1), op.forward_cpu(x.flatten(0, 1)))
+        assert standalone.compiles - built == 2
+        # a new key compiles a new artifact rather than reusing one: another hidden size, eps,
+        # weight dtype
+        for other in (rms_norm(torch.bfloat16, hidden=H + 2), rms_norm(torch.bfloat16, weight_dtype=torch.float32)):
+            x = randn(6, other.hidden_size, dtype=torch.bfloat16, seed=6)
+            assert_close(other.forward_cpu(x), ref_rms_norm(x, other.weight, other.eps), torch.bfloat16)
+        op.eps = 1e-2
+        x = randn(6, H, dtype=torch.bfloat16, seed=7)
+        assert_close(op.forward_cpu(x), ref_rms_norm(x, op.weight, 1e-2), torch.bfloat16)
+        assert standalone.compiles - built == 5
+    assert graphs() == before
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+def _guard_cases(dtype):
+    x = randn(5, H, dtype=dtype, seed=11)
+    return {
+        "non-contiguous": randn(H, 5, dtype=dtype, seed=12).t(),
+        "negative bit": torch._neg_view(x),
+        "subclass": x.as_subclass(_Sub),
+        "requires-grad": x.clone().requires_grad_(),
+        "zero rows": x[:0],
+    }
+
+
+@pytest.mark.slow
+def test_guard_failures_take_the_dynamo_path():
+    """Each failing guard: ``standalone.run`` says no, and forward_cpu's result (through Dynamo)
+    still matches the spec; autograd still records through the Dynamo path."""
+    dtype = torch.bfloat16
+    op = rms_norm(dtype)
+    form, options = op.cpu_tiers.standalone_form(L.rms_norm)
+    built = standalone.compiles
+    for name, x in _guard_cases(dtype).items():
+        args = (op.weight, op.eps, None)
+        assert standalone.run(form, options, x, args) is None, name
+        if name == "negative bit":  # torch.compile itself ignores the bit (torch 2.13: t * 2 of a
+            continue                # negated view of ones gives 2), so the Dynamo path is no reference
+        with torch.no_grad() if name != "requires-grad" else torch.enable_grad():
+            out = op.forward_cpu(x)
+        assert_close(out.detach(), L.rms_norm(x.detach(), op.weight, op.eps), dtype, what=name)
+        if name == "requires-grad":
+            assert out.requires_grad
+            out.float().sum().backward()
+            assert x.grad is not None and x.grad.shape == x.shape
+    x = randn(5, H, dtype=dtype, seed=13)
+    assert standalone.run(form, options, x, (op.weight.t()[None], op.eps, None)) is None  # weight not [H]
+    assert standalone.run(form, options, x[0], (op.weight, op.eps, None)) is None  # 1-D x
+    assert standalone.compiles == built  # nothing above reached a build
+
+
+def test_guard_failures_in_context():
+    """Modes, transforms, tracers and autocast around the call: no artifact call."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x, w = torch.randn(5, 16), torch.ones(16)
+    form = L.RMSNorm.cpu_tiers.standalone_form(L.rms_norm)
+    built = standalone.compiles
+
+    def run(t):
+        assert standalone.run(*form, t, (w, 1e-6, None)) is None
+        return t
+
+    with Mode():
+        run(x)
+    with torch.device("cpu"):  # a torch-function mode
+        run(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        run(x)
+    torch.vmap(lambda t: run(t[None]))(x)
+    make_fx(run)(x)
+    with FakeTensorMode() as mode:
+        run(mode.from_tensor(x))
+    assert standalone.compiles == built
+
+
+@pytest.mark.slow
+def test_missing_standalone_compile_takes_the_dynamo_path_logged_once(monkeypatch, caplog):
+    import torch._inductor
+
+    monkeypatch.delattr(torch._inductor, "standalone_compile")
+    monkeypatch.setattr(standalone, "_missing_logged", False)
+    built = standalone.compiles
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger=standalone.__name__):
+        for dtype in (torch.bfloat16, torch.float32):
+            op = rms_norm(dtype)
+            for rows in (4, 9):
+                x = randn(rows, H, dtype=dtype, seed=rows)
+                assert_close(op.forward_cpu(x), ref_rms_norm(x, op.weight, op.eps), dtype)
+    assert standalone.compiles == built
+    assert sum("standalone_compile" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_failed_build_is_logged_and_remembered(monkeypatch, caplog):
+    calls = []
+
+    def broken(*args):
+        calls.append(args)
+        raise RuntimeError("no")
+
+    monkeypatch.setattr(standalone, "_compile", broken)
+    op = rms_norm(torch.float32, hidden=16)
+    op.cpu_tiers = op.cpu_tiers.compiling_from(1)
+    form = op.cpu_tiers.standalone_form(L.rms_norm)
+    with caplog.at_level(logging.WARNING, logger=standalone.__name__):
+        for rows in (3, 4):
+            assert standalone.run(*form, torch.randn(rows, 16), (op.weight, op.eps, None)) is None
+    assert len(calls) == 1 and sum("failed" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("groups", [1, 8])
+def test_gated_norm_standalone(groups):
+    """Mixer2RMSNormGated's compiled tier through the artifacts: bf16 and fp32, 1, 7 and 4231
+    rows, against the float64 reference and bitwise the Dynamo path."""
+    case, hidden = NORM_CASES[0], 1024
+    for dtype in (torch.bfloat16, torch.float32):
+        with use_config(Config(custom_ops=["all"])):
+            op = case.build(hidden, groups, dtype, torch.Generator().manual_seed(groups))
+        op.cpu_tiers = op.cpu_tiers.compiling_from(1)
+        before, built = graphs(), standalone.compiles
+        got = {}
+        with torch.no_grad():
+            for rows in (1, 7, 4231):
+                x, gate = case.inputs(rows, hidden, dtype, torch.Generator().manual_seed(rows))
+                got[rows] = x, gate, op.forward_cpu(x, gate)
+                assert_close(got[rows][2], norm_reference(op, x, gate), dtype)
+            assert graphs() == before and standalone.compiles - built == 2
+            dynamo = via_dynamo(op)
+            for rows, (x, gate, out) in got.items():
+                assert torch.equal(out, dynamo.forward_cpu(x, gate)), rows
