@@ -36,8 +36,10 @@ def main(cases: Iterable, aligned: tuple[str, ...] = ()) -> None:
     print(json.dumps(report(cases, sys.argv[1] if len(sys.argv) > 1 else "cuda:90", aligned)))
 
 
-def assert_compiles_for(module: str, target: str, n_cases: int) -> None:
-    """Runs ``python -m module target`` without the interpreter and checks its report."""
+def assert_compiles_for(module: str, target: str, n_cases: int, spill_ok: dict[str, int] | None = None) -> None:
+    """Runs ``python -m module target`` without the interpreter and checks its report: no errors
+    and no spills, except up to ``spill_ok[label]`` bytes where a sweep measured the spilling
+    shape fastest (the caller says why)."""
     from tests.backends.triton.test_aot_compile import ROOT, _nvidia_backend_present
 
     if target.startswith("cuda") and not _nvidia_backend_present():
@@ -51,5 +53,6 @@ def assert_compiles_for(module: str, target: str, n_cases: int) -> None:
     problems = [f"{label}: {info['error']}" for label, info in got.items() if "error" in info]
     if target.startswith("cuda"):
         problems += [f"{label}: spills {info}" for label, info in got.items()
-                     if "error" not in info and (info["local_bytes"] or info["spill_bytes"])]
+                     if "error" not in info and (info["local_bytes"] or info["spill_bytes"])
+                     and (info["spill_bytes"] or 0) > (spill_ok or {}).get(label, 0)]
     assert not problems, "\n".join(problems)

@@ -335,8 +335,8 @@ def _aot_cases(P="*bf16", S="*fp32"):
                _decode_constexprs(cfg, N, head_dim=64 if mamba2 else 40, per_head_layout=mamba2, has_z=not mamba2),
                cfg.num_warps)
     ssd = {"x_ptr": P, "dt_ptr": P, "bias_ptr": P, "a_ptr": f32, "b_ptr": P, "c_ptr": P, "d_ptr": P, "out_ptr": P,
-           "delta_ptr": f32, "acum_ptr": f32, "states_ptr": f32, "h_in_ptr": f32 if P == "*fp32" else P, "cache_ptr": S, "cstart_ptr": i32,
-           "cend_ptr": i32, "first_ptr": i32, "count_ptr": i32, "slot_ptr": i32, "init_ptr": i8, "cb_ptr": f32}
+           "delta_ptr": f32, "acum_ptr": f32, "states_ptr": f32, "h_in_ptr": f32 if P == "*fp32" else P,
+           "cache_ptr": S, "cstart_ptr": i32, "cend_ptr": i32, "first_ptr": i32, "count_ptr": i32, "slot_ptr": i32, "init_ptr": i8, "cb_ptr": f32}
     yield "ssd cumsum 256", mamba_ssd._cumsum_kernel, ssd, dict(HAS_BIAS=True, SOFTPLUS=True, CHUNK=256,
                                                                   BLOCK_H=16), 4
     cfg = mamba_ssd.SSDConfig()
@@ -358,7 +358,11 @@ def _aot_cases(P="*bf16", S="*fp32"):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["cuda:90", "hip:gfx942"])
 def test_kernels_compile_for_the_gpus(target):
-    aot_subprocess.assert_compiles_for("tests.backends.triton.test_mamba_triton", target, len(list(_aot_cases())))
+    # the chunk scan's default (64 x 32 tiles, d_state in steps of 64, one stage) spills ~600
+    # bytes on sm_90 and was still the H200 sweep's fastest: 258.8 us against 287.9 for the
+    # spill-free 32-wide d_state steps (Mamba-2 2.7B, 4096 tokens; mamba_ssd.SSDConfig)
+    aot_subprocess.assert_compiles_for("tests.backends.triton.test_mamba_triton", target, len(list(_aot_cases())),
+                                       spill_ok={"ssd chunk scan N=128": 1024})
 
 
 def decode_registers(target: str = "cuda:90") -> str:
