@@ -101,8 +101,12 @@ _NORM_THRESHOLDS = dict(min_numel=4096, by_dtype={torch.float32: 32768}, dynamic
 #: differ by one ulp from forward_native (measured on 64x512). Emulation costs bf16 10-70% against
 #: plain Inductor (256x4096: 555 vs 325 us on one thread) yet stays 1.2-6x ahead of eager; the
 #: other norms cast only once, at the end, and compile plainly. ``standalone``: the compiled code is
-#: called without Dynamo's ~20-40 us call path while our guards hold (backends/cpu/standalone.py).
-RMS_NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, emulate_casts=True, standalone=True)
+#: called without Dynamo's ~20-40 us call path while our guards hold (backends/cpu/standalone.py);
+#: that moves fp32's break-even against ATen's fused kernel from 8 to 4 rows of 4096 (4 rows: 26.0
+#: vs 26.6-27.6 us, 6 rows: 25.3-26.6 vs 28.6-28.9, 2 threads; one thread alike; 1-2 rows eager
+#: still wins: docs/cpu.md, issue 18).
+RMS_NORM_CPU_TIERS = CpuTiers(min_numel=4096, by_dtype={torch.float32: 16384}, dynamic_hidden=False,
+                              emulate_casts=True, standalone=True)
 NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS)
 
 

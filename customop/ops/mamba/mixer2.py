@@ -20,15 +20,16 @@ from customop.ops.mamba._common import (
 from customop.ops.mamba.mixer import negative_exp, sharded_loader, ssm_parameter
 
 #: Measured on the 2-core CI box (benchmarks/results/cpu_mamba.md, one thread): compiled code wins
-#: from one 4096-wide row in bf16/fp16 (35 vs 39 us; eager pays separate cast kernels) and from
-#: 8 x 4096 in fp32 (64 vs 69 us; 4 x 4096: 49 vs 45). Eager's casts are kept: the spec rounds
-#: to x's dtype before the weight, which Inductor would otherwise fuse away (one ulp in ~25% of
-#: bf16 outputs); for bf16 x and weight the tier compiles backends/cpu/exact_rounding.py's form
-#: (that rounding in fp32 arithmetic, bitwise the emulated graph, faster), fp16/fp32 the spec
-#: with emulate_precision_casts. ``standalone``: that code called without Dynamo while our guards
-#: hold (backends/cpu/standalone.py).
-NORM_CPU_TIERS = CpuTiers(min_numel=4096, by_dtype={torch.float32: 32768}, dynamic_hidden=False,
-                          emulate_casts=True, standalone=True)
+#: from one 4096-wide row in bf16/fp16 (35 vs 39 us; eager pays separate cast kernels), and in fp32
+#: too since the compiled code is called without Dynamo while our guards hold (``standalone``,
+#: backends/cpu/standalone.py; through Dynamo fp32 won only from 8 x 4096): 24 vs 37 us at one row,
+#: 36 vs 52 at four (one thread's CPU time; two threads 28 vs 40 and 39 vs 61; issue 18 in
+#: benchmarks/results/cpu_layernorm.md). Eager's casts are kept: the spec rounds to x's dtype
+#: before the weight, which Inductor would otherwise fuse away (one ulp in ~25% of bf16 outputs);
+#: for bf16 x and weight the tier compiles backends/cpu/exact_rounding.py's form (that rounding in
+#: fp32 arithmetic, bitwise the emulated graph, faster), fp16/fp32 the spec with
+#: emulate_precision_casts.
+NORM_CPU_TIERS = CpuTiers(min_numel=4096, dynamic_hidden=False, emulate_casts=True, standalone=True)
 
 
 @CustomOp.register("mixer2_gated_rms_norm")
