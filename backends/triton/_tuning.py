@@ -79,10 +79,14 @@ class TileConfig:
     num_warps: int
     #: code generation (the gated ``tile`` kernels and the unary ``flat`` kernel): ``even``: no
     #: bounds checks when the tile divides the output; ``int32``: 32-bit element offsets when the
-    #: launcher finds that they fit (int64 otherwise); ``evict``: x read with ``evict_first``
+    #: launcher finds that they fit (int64 otherwise); ``evict``: x read with ``evict_first``;
+    #: ``grid2d`` (gated tiles): a (column block, row block) grid, so that a program finds its tile
+    #: without the integer division of a flat grid index before its first load (a latency a
+    #: one-token launch waits on; Inductor's one-row kernels index flat with a constant width)
     even: bool = True
     int32: bool = True
     evict: bool = True
+    grid2d: bool = False
 
     @property
     def eviction_policy(self) -> str:
@@ -169,7 +173,10 @@ TILE_TABLE: dict[str, dict[str, int]] = {
 }
 #: (tile, decode rows) up to ``decode_tokens`` rows the gated tile may shrink to ``decode_min_n``
 #: columns (instead of ``tile_min_n``) to spread the few rows over more SMs; the ``tile`` sweep's
-#: decode alternatives time 128-2048.
+#: decode alternatives time 128-2048. Those rows launch on the 2-D grid (``TileConfig.grid2d``):
+#: H200 sweep 2026-12-02 (gelu erf / tanh, fatrelu, swigluoai at 1 / 16 / 256 x 14336, bf16),
+#: 1.026x the flat grid's pick in geometric mean over the 12 rows, where re-timing the pick's own
+#: shape gave 0.988x (the noise at 1.3-1.8 us); no other decode alternative beat the pick.
 #: per-token-group quant: elements per program (whole groups of one row), per thread, and the
 #: smallest program; 32 groups of 128 at 4 warps take ~55 registers: nine programs (72 KB of
 #: loads) in flight per SM, against six (48 KB) at 8 warps
@@ -292,7 +299,8 @@ def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class:
     small = _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms
     per_warp = t["small_elems_per_warp"] if small else t["stream_elems_per_warp"] if stream else t["elems_per_warp"]
     warps = max(1, min(8, block_m * block_n // per_warp))
-    return TileConfig(block_m, block_n, _warps(kind, warps), evict=not stream)
+    return TileConfig(block_m, block_n, _warps(kind, warps), evict=not stream,
+                      grid2d=n_rows <= t["decode_tokens"])
 
 
 def flat_config(device: torch.device, numel: int, unary: bool = False) -> TileConfig:
@@ -365,6 +373,10 @@ SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
     # no eviction hint (Inductor's pointwise kernels give their loads none), alone and with
     # Inductor's launch shapes
     + ({"evict": False},)
+    # the 2-D grid (no division before the loads) at decode sizes, alone and with small tiles
+    + tuple(dict({"grid2d": True, "_tokens": (0, 256)}, **shape) for shape in (
+        {}, {"evict": False}, {"block_n": 256, "num_warps": 2}, {"block_n": 512, "num_warps": 2},
+        {"block_n": 256, "num_warps": 2, "evict": False}))
     + tuple({"evict": False, "block_n": n, "num_warps": w, "_tokens": (257, _INF)} for n, w in ((1024, 4), (2048, 8))),
     # the unary ops: the previous kernel's code (bounds checks and int64 offsets everywhere), no
     # eviction hint, then block sizes and warps

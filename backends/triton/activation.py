@@ -41,6 +41,16 @@ def _tanh(v):
 
 
 @triton.jit
+def _tile_index(d, BLOCK_N: tl.constexpr, GRID2D: tl.constexpr):
+    # (row block, column block) of this program: the grid's two axes, or a flat row-major index
+    if GRID2D:
+        return tl.program_id(1), tl.program_id(0)
+    pid = tl.program_id(0)
+    col_blocks = tl.cdiv(d, BLOCK_N)
+    return pid // col_blocks, pid % col_blocks
+
+
+@triton.jit
 def _gate_act(a, param, ACT: tl.constexpr):
     # param: fatrelu's threshold or swiglustep's limit
     if ACT == SILU:
@@ -60,6 +70,7 @@ def _and_mul_kernel(
     x_ptr, out_ptr, n_rows, d, x_stride, out_stride, gate_offset, up_offset, param, param2, param3,
     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     EVEN: tl.constexpr = False, INT64: tl.constexpr = True, EVICT: tl.constexpr = "evict_first",
+    GRID2D: tl.constexpr = False,
 ):
     # param: fatrelu's threshold, swiglustep's and silu_and_mul_with_clamp's limit, situ's beta;
     # param2: silu_and_mul_with_clamp's alpha, situ's linear_beta; param3: silu_and_mul_with_clamp's beta
@@ -67,12 +78,11 @@ def _and_mul_kernel(
     # read one contiguous stretch of x and write one of out, as a flat copy does. EVEN: the tile
     # divides the output (no bounds checks); INT64: 64-bit offsets (the host picks 32-bit when
     # every offset fits); EVICT: x's eviction policy ("" for none).
-    pid = tl.program_id(0)
-    col_blocks = tl.cdiv(d, BLOCK_N)
-    rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_block, col_block = _tile_index(d, BLOCK_N, GRID2D)
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     if INT64:
         rows = rows.to(tl.int64)
-    cols = (pid % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
     x_row = x_ptr + rows[:, None] * x_stride + cols[None, :]
     if EVEN:
@@ -103,15 +113,13 @@ def _and_mul_kernel(
 def _swigluoai_kernel(
     x_ptr, out_ptr, n_rows, d, x_stride, out_stride, alpha, limit,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr = False, INT64: tl.constexpr = True,
-    EVICT: tl.constexpr = "evict_first",
+    EVICT: tl.constexpr = "evict_first", GRID2D: tl.constexpr = False,
 ):
     # Interleaved lanes: one contiguous load of 2 * BLOCK_N lanes per row (16-byte accesses; a
     # [rows, cols, 2] pointer tile would not vectorise), then a register-local split into pairs.
     # Tiles go row-major, as in _and_mul_kernel. INT64 and EVICT as there; EVEN is not used (the masks stay).
-    pid = tl.program_id(0)
-    col_blocks = tl.cdiv(d, BLOCK_N)
-    col_block = pid % col_blocks
-    rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_block, col_block = _tile_index(d, BLOCK_N, GRID2D)
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     if INT64:
         rows = rows.to(tl.int64)
     cols = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -238,6 +246,10 @@ def _gated_io(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 _STREAMING_TILE_ACTS = frozenset(code.value for code in (SILU, FATRELU, GELU_TANH))
 
 
+#: CUDA's limit on a grid's second axis (the row blocks of a 2-D tile grid)
+_GRID_Y = 65535
+
+
 def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *args, **constexprs) -> torch.Tensor:
     """A gated op's launch over ``[n_rows, d]`` output tiles: ``kernel(rows, out_rows, n_rows, d,
     x_stride, out_stride, *args, **constexprs, BLOCK_M, BLOCK_N)`` in row-major tile order."""
@@ -248,7 +260,8 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
     streaming = kernel is _and_mul_kernel and constexprs["ACT"] in _STREAMING_TILE_ACTS
     cfg = config or _tuning.tile_config(x.device, n_rows, d, streaming_class=streaming)
     row_blocks, col_blocks = triton.cdiv(n_rows, cfg.block_m), triton.cdiv(d, cfg.block_n)
-    grid = (row_blocks * col_blocks,)
+    grid2d = cfg.grid2d and row_blocks <= _GRID_Y
+    grid = (col_blocks, row_blocks) if grid2d else (row_blocks * col_blocks,)
     x_stride = row_stride(rows)
     # 32-bit offsets when the furthest lane of the padded last tile fits (x's row holds both
     # halves: 2 * the padded width covers the gate / up offsets and swigluoai's lane pairs)
@@ -258,7 +271,7 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
         kernel[grid](rows, out_rows, n_rows, d, x_stride, d, *args, **constexprs,
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                      EVEN=cfg.even and n_rows % cfg.block_m == 0 and d % cfg.block_n == 0,
-                     INT64=not (cfg.int32 and fits), EVICT=cfg.eviction_policy)
+                     INT64=not (cfg.int32 and fits), EVICT=cfg.eviction_policy, GRID2D=grid2d)
     return out
 
 

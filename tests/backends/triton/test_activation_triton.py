@@ -129,6 +129,9 @@ _TILE_CODEGEN = [
     ((4, 256), _tuning.TileConfig(2, 64, 1, even=False), (False, False)),
     ((5, 200), _tuning.TileConfig(2, 64, 1, evict=False), (False, False)),  # no eviction hint
     ((4, 256), _tuning.TileConfig(2, 64, 1, evict=False), (True, False)),
+    ((5, 200), _tuning.TileConfig(2, 64, 1, grid2d=True), (False, False)),  # (column, row) block grid
+    ((4, 256), _tuning.TileConfig(2, 64, 1, grid2d=True), (True, False)),
+    ((1, 200), _tuning.TileConfig(1, 64, 1, grid2d=True, evict=False), (False, False)),
 ]
 
 
@@ -177,10 +180,23 @@ def test_unary_flat_codegen_knobs(label, numel, config, expect, dtype, monkeypat
     assert_close(got, reference(case, x.double(), op).to(dtype), dtype)
 
 
+def test_tile_2d_grid_falls_back_to_flat_past_the_row_limit(monkeypatch, poison_empty):
+    """More row blocks than a grid's second axis takes: the flat grid, same result."""
+    monkeypatch.setattr(act, "_GRID_Y", 2)
+    launches = spy_launches(monkeypatch, "_and_mul_kernel")
+    case = BY_LABEL["silu_and_mul"]
+    x = _input((7, 2 * 100), torch.float32)
+    got = TILED["silu_and_mul"](x, build(case), _tuning.TileConfig(2, 64, 1, grid2d=True))
+    assert [k["GRID2D"] for k in launches] == [False]
+    assert_close(got, reference(case, x.double(), None), torch.float32)
+
+
 def test_tile_decode_class_and_sweep_filters():
     """The decode rows of TILE_TABLE and the ``tile`` sweep's shape filters."""
-    assert _tuning._tile_config("cuda", 132, 1, 14336) == _tuning.TileConfig(1, 1024, 4)
+    assert _tuning._tile_config("cuda", 132, 1, 14336) == _tuning.TileConfig(1, 1024, 4, grid2d=True)
     assert _tuning._tile_config("cuda", 132, 256, 14336).evict  # decode class: the hint stays
+    assert _tuning._tile_config("cuda", 132, 256, 14336).grid2d  # and the 2-D grid
+    assert not _tuning._tile_config("cuda", 132, 257, 14336).grid2d
     assert _tuning._tile_config("cuda", 132, 32768, 14336) == _tuning.TileConfig(1, 2048, 8, evict=False)
     assert _tuning._tile_config("cuda", 132, 32768, 14336, False) == _tuning.TileConfig(1, 1024, 2)  # erf gate
     # the unary streaming class, and per-tensor quant's flat blocks left as they were
@@ -194,6 +210,7 @@ def test_tile_decode_class_and_sweep_filters():
     assert {"block_n": 512, "num_warps": 8} in prefill
     assert {"evict": False} in decode and {"evict": False} in prefill
     assert {"evict": False, "block_n": 1024, "num_warps": 4} in prefill
+    assert {"grid2d": True} in decode and {"grid2d": True} not in prefill
 
 
 @pytest.mark.parametrize("label", ["gelu_and_mul_sparse[0.95]", "gelu_and_mul_sparse[0.3,tanh]"])
