@@ -102,3 +102,23 @@ def interpreter_safe_dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b, input_precision=PRECISION)
+
+
+class ConfigStack:
+    """Launch configurations that sweeps and tests put over a launcher's own choice: inside
+    ``with stack.use(cfg):`` (nests) ``stack.top`` is ``cfg``; outside it is None."""
+
+    def __init__(self) -> None:
+        self._items: list = []
+
+    @property
+    def top(self):
+        return self._items[-1] if self._items else None
+
+    @contextlib.contextmanager
+    def use(self, cfg):
+        self._items.append(cfg)
+        try:
+            yield cfg
+        finally:
+            self._items.pop()

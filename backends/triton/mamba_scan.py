@@ -22,14 +22,13 @@ shape as before unless ``override_decode_config`` is active (the sweep:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
 import triton
 import triton.language as tl
 
-from customop.backends.triton._common import device_guard, next_pow2, silu, softplus
+from customop.backends.triton._common import ConfigStack, device_guard, next_pow2, silu, softplus
 
 
 @triton.jit
@@ -238,7 +237,9 @@ class DecodeConfig:
             + (f" {flags}" if flags else "")
 
 
-_DECODE_OVERRIDE: list[DecodeConfig] = []
+#: sweeps and tests: ``with override_decode_config(cfg):`` runs every decode launch inside with ``cfg``
+_DECODE_OVERRIDES = ConfigStack()
+override_decode_config = _DECODE_OVERRIDES.use
 
 
 #: decode batches from which the programs go in state order (``DecodeConfig.state_major``). H200
@@ -258,22 +259,12 @@ def decode_config(head_dim: int, state_size: int, batch: int = 0) -> DecodeConfi
     batch 64 / 256, 1.16x / 1.13x the previous 16-row tiles without the variants (Mamba-2 2.7B)
     and 1.21x / 1.14x (Nemotron-H); best or within 4% of the best config at every batch >= 16,
     2.8 us at batch 1 (the best, 32 rows at 8 warps, 2.7)."""
-    if _DECODE_OVERRIDE:
-        return _DECODE_OVERRIDE[-1]
+    if _DECODE_OVERRIDES.top is not None:
+        return _DECODE_OVERRIDES.top
     block_n = max(16, next_pow2(state_size))
     return DecodeConfig(block_p=max(1, min(next_pow2(head_dim), 1024 // block_n, 64)), num_warps=4,
                         per_head=True, unmasked=True, offsets32=True, evict_first=True,
                         state_major=batch >= STATE_MAJOR_MIN_BATCH)
-
-
-@contextlib.contextmanager
-def override_decode_config(cfg: DecodeConfig):
-    """Every decode launch inside uses ``cfg`` (for sweeps and tests; nests)."""
-    _DECODE_OVERRIDE.append(cfg)
-    try:
-        yield cfg
-    finally:
-        _DECODE_OVERRIDE.pop()
 
 
 def decode_meta(cfg: DecodeConfig, head_dim: int, state_size: int, per_head_layout: bool,

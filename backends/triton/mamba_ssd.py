@@ -39,7 +39,6 @@ Launch shapes are data (``SSDConfig``; ``ssd_candidates`` is what the H200 sweep
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 
@@ -47,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from customop.backends.triton._common import INTERPRETED, device_guard, next_pow2, softplus
+from customop.backends.triton._common import INTERPRETED, ConfigStack, device_guard, next_pow2, softplus
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,22 +96,14 @@ class SSDConfig:
                 f"s{self.stages} pb{self.pass_block}")
 
 
-_OVERRIDE: list[SSDConfig] = []
+#: sweeps and tests: ``with override_ssd_config(cfg):`` runs every launch inside with ``cfg``
+_OVERRIDES = ConfigStack()
+override_ssd_config = _OVERRIDES.use
 
 
 def ssd_config() -> SSDConfig:
     """The active override, else the default launch shape."""
-    return _OVERRIDE[-1] if _OVERRIDE else SSDConfig()
-
-
-@contextlib.contextmanager
-def override_ssd_config(cfg: SSDConfig):
-    """Every ssd_chunk_scan launch inside uses ``cfg`` (sweeps and tests; nests)."""
-    _OVERRIDE.append(cfg)
-    try:
-        yield cfg
-    finally:
-        _OVERRIDE.pop()
+    return _OVERRIDES.top or SSDConfig()
 
 
 def ssd_candidates() -> list[SSDConfig]:

@@ -47,16 +47,14 @@ the H200. Other GPUs keep small first-guess tiles, never timed.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator
 
 import torch
 import triton
 import triton.language as tl
 
-from customop.backends.triton._common import INTERPRETED, device_guard, next_pow2
+from customop.backends.triton._common import INTERPRETED, ConfigStack, device_guard, next_pow2
 
 _LOG2E = 1.4426950408889634
 #: the fewest context positions a split gets, and the most splits
@@ -194,17 +192,9 @@ class Config:
         return f"h{self.block_h} n{self.block_n} w{self.warps} s{self.stages} x{self.wave:g}"
 
 
-_OVERRIDE: list[Config] = []
-
-
-@contextlib.contextmanager
-def override(cfg: Config) -> Iterator[Config]:
-    """Every launch inside the block uses ``cfg`` as given (sweeps and tests)."""
-    _OVERRIDE.append(cfg)
-    try:
-        yield cfg
-    finally:
-        _OVERRIDE.pop()
+#: sweeps and tests: ``with override(cfg):`` runs every launch inside with ``cfg`` as given
+_OVERRIDES = ConfigStack()
+override = _OVERRIDES.use
 
 
 @functools.cache
@@ -241,8 +231,8 @@ def tiles(dtype: torch.dtype, heads: int, block_size: int, hopper: bool, hip: bo
 def config(dtype: torch.dtype, heads: int, block_size: int, device: torch.device) -> Config:
     """The launch configuration: ``override``'s when one is active, else ``tiles``' for the
     device (the interpreter, device ``cpu``, takes the Hopper tiles so that tests run them)."""
-    if _OVERRIDE:
-        return _OVERRIDE[-1]
+    if _OVERRIDES.top is not None:
+        return _OVERRIDES.top
     hip = device.type == "cuda" and torch.version.hip is not None
     hopper = device.type == "cpu" or (device.type == "cuda" and not hip and _capability(device.index or 0)[0] in (9, 10))
     return tiles(dtype, heads, block_size, hopper, hip)

@@ -342,6 +342,25 @@ def _norm_spec():
 # ---- the decode launch sweep ------------------------------------------------------------------------
 
 
+def _checked_times(label: str, candidates, once, timed, tol: float):
+    """Each candidate config's outputs (``once(cfg)``: a tuple of tensors) against the first
+    candidate's (the default: the largest normwise relative error, "ok" below ``tol``) and its
+    time (``timed(cfg)``, us). Yields (cfg, us, check); a config that fails to compile or launch
+    is printed with ``label``, not fatal."""
+    reference = None
+    for cfg in candidates:
+        try:
+            got = once(cfg)
+            reference = reference or got
+            err = max(float((g - r).norm() / r.norm()) for g, r in zip(got, reference))
+            check = "ok" if err < tol else f"WRONG {err:.1e}"
+            us = timed(cfg)
+        except Exception as e:  # reported, not fatal
+            print(f"{label}  {cfg.label()} {type(e).__name__}: {str(e)[:80]}", flush=True)
+            continue
+        yield cfg, us, check
+
+
 def sweep_decode(batches=(1, 16, 64, 256), dtype: torch.dtype = torch.bfloat16, device: str = "cuda") -> None:
     """Times every ``mamba_scan.decode_candidates()`` config of the decode kernel (the launcher
     itself under ``override_decode_config``, the runner's CUDA-graph timer) on both models at each
@@ -379,19 +398,13 @@ def sweep_decode(batches=(1, 16, 64, 256), dtype: torch.dtype = torch.bfloat16, 
                     out = mamba_scan.selective_state_update(state, *args[1:])
                 return out.float(), state
 
-            ref_out, ref_state = once(mamba_scan.decode_config(shape.extra["head_dim"], shape.extra["state"]))
+            def timed(cfg):
+                with mamba_scan.override_decode_config(cfg):
+                    return time_graph([lambda: mamba_scan.selective_state_update(*args)])
+
             rows, base_us = [], None  # the first candidate is the default
-            for cfg in mamba_scan.decode_candidates():
-                try:
-                    out, state = once(cfg)
-                    err = max(float((out - ref_out).norm() / ref_out.norm()),
-                              float((state - ref_state).norm() / ref_state.norm()))
-                    check = "ok" if err < 5e-3 else f"WRONG {err:.1e}"
-                    with mamba_scan.override_decode_config(cfg):
-                        us = time_graph([lambda: mamba_scan.selective_state_update(*args)])
-                except Exception as e:  # a config that fails to compile or launch is reported, not fatal
-                    print(f"{model[0]:12s} {b:5d}  {cfg.label():20s} {type(e).__name__}: {str(e)[:80]}", flush=True)
-                    continue
+            for cfg, us, check in _checked_times(f"{model[0]:12s} {b:5d}", mamba_scan.decode_candidates(), once, timed,
+                                                 5e-3):
                 base_us = base_us or us
                 gbps = nbytes / (us * 1e-6) / 1e9
                 print(f"{model[0]:12s} {b:5d}  {cfg.label():20s} {us:8.1f} {gbps:6.0f} {100 * gbps / copy_gbps:5.0f}% "
@@ -434,22 +447,15 @@ def sweep_prefill(tokens=(4096,), requests=(1,), dtype: torch.dtype = torch.bflo
                                                        spec.NULL_BLOCK_ID)
                     return out.float(), state
 
-                ref_out, ref_state = once(mamba_ssd.SSDConfig())
-                rows, base_us = [], None
-                for cfg in mamba_ssd.ssd_candidates():
-                    try:
-                        out, state = once(cfg)
-                        err = max(float((out - ref_out).norm() / ref_out.norm()),
-                                  float((state - ref_state).norm() / ref_state.norm()))
-                        check = "ok" if err < 1e-2 else f"WRONG {err:.1e}"
-                        state = state0.clone()
-                        args = (i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["dt_bias"], state, i["qsl"],
-                                i["slots"], i["init"], CHUNK, True, spec.NULL_BLOCK_ID)
-                        with mamba_ssd.override_ssd_config(cfg):
-                            us = time_graph([lambda: mamba_ssd.ssd_chunk_scan(*args)])
-                    except Exception as e:  # a config that fails to compile or launch is reported, not fatal
-                        print(f"{shape.label:20s} {cfg.label():52s} {type(e).__name__}: {str(e)[:80]}", flush=True)
-                        continue
+                def timed(cfg, i=i, state0=state0):
+                    args = (i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["dt_bias"], state0.clone(), i["qsl"],
+                            i["slots"], i["init"], CHUNK, True, spec.NULL_BLOCK_ID)
+                    with mamba_ssd.override_ssd_config(cfg):
+                        return time_graph([lambda: mamba_ssd.ssd_chunk_scan(*args)])
+
+                rows, base_us = [], None  # the first candidate is the default
+                for cfg, us, check in _checked_times(f"{shape.label:20s}", mamba_ssd.ssd_candidates(), once, timed,
+                                                     1e-2):
                     base_us = base_us or us
                     print(f"{shape.label:20s} {cfg.label():52s} {us:8.1f} us {flops / us / 1e6:6.1f} TFLOP/s "
                           f"{base_us / us:5.2f}x  {check}", flush=True)
