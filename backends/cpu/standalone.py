@@ -43,68 +43,98 @@ import torch
 log = logging.getLogger(__name__)
 
 _Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # exact types; a subclass would lose its type
+_SCALARS = (float, int, bool, type(None))
 _C = torch._C
 
-#: key -> the artifact, or None where building it failed (those calls take the Dynamo path)
-_artifacts: dict[tuple[Any, ...], Callable[..., Any] | None] = {}
 #: artifacts built since import (tests count compiles with it)
 compiles = 0
 _missing_logged = False
 
 
+class Family:
+    """One compiled form with its Inductor options, and its artifacts by shape class: dtypes,
+    hidden size, the non-tensor arguments, one row or more (None where building failed: those
+    calls take the Dynamo path). Callers keep the object (``CpuTiers.standalone_family``), so a
+    call hashes only its shape class."""
+
+    __slots__ = ("form", "options", "artifacts")
+
+    def __init__(self, form: Callable[..., Any], options: dict[str, Any]) -> None:
+        self.form, self.options = form, options
+        self.artifacts: dict[tuple[Any, ...], Callable[..., Any] | None] = {}
+
+
+_families: dict[tuple[Any, ...], Family] = {}
+
+
+def family(form: Callable[..., Any], options: dict[str, Any]) -> Family:
+    """The one ``Family`` of ``form`` compiled with ``options``."""
+    key = (form, tuple(sorted(options.items())))
+    fam = _families.get(key)
+    if fam is None:
+        fam = _families[key] = Family(form, dict(options))
+    return fam
+
+
 def reset() -> None:
-    """Forgets every artifact (``compile_cache.reset()`` calls this)."""
-    _artifacts.clear()
+    """Forgets every artifact (``compile_cache.reset()`` calls this); the families stay."""
+    for fam in _families.values():
+        fam.artifacts.clear()
 
 
-def _plain_context() -> bool:
-    """No mode, transform, tracer or autocast that the artifact would bypass (~0.5 us)."""
-    return not (_C._len_torch_dispatch_stack() or _C._len_torch_function_stack()
-                or _C._functorch.peek_interpreter_stack() is not None or _C._get_tracing_state() is not None
-                or torch.is_autocast_enabled("cpu"))
+_dispatch_modes = _C._len_torch_dispatch_stack
+_function_modes = _C._len_torch_function_stack
+_transform = _C._functorch.peek_interpreter_stack
+_jit_tracing = _C._get_tracing_state
+_autocast = _C._is_any_autocast_enabled  # any device: stricter than CPU's alone, and cheaper
+_grad = torch.is_grad_enabled
 
 
-def run(form: Callable[..., Any], options: tuple[tuple[str, Any], ...], x: torch.Tensor,
-        args: tuple[Any, ...]) -> Any:
-    """``form(x, *args)`` through its artifact, or None when a guard fails (the caller then takes
-    the Dynamo path). ``options``: the Inductor options as sorted items (part of the key)."""
+def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...]) -> Any:
+    """``fam.form(x, *args)`` through its artifact, or None when a guard fails (the caller then
+    takes the Dynamo path). ~2 us of checks a call."""
     shape = x.shape
-    # 1-D x (one token) is left to Dynamo: its weight would look like a row tensor
-    if type(x) not in _PLAIN or len(shape) < 2 or not _plain_context():
+    # no mode, transform, tracer or autocast that the artifact would bypass; 1-D x (one token) is
+    # left to Dynamo: its weight would look like a row tensor
+    if (type(x) not in _PLAIN or len(shape) < 2 or _dispatch_modes() or _function_modes()
+            or _transform() is not None or _jit_tracing() is not None or _autocast()):
         return None
-    hidden = shape[-1]
-    numel = x.numel()
-    if not hidden or not numel:
-        return None
-    rows = numel // hidden
-    grad = torch.is_grad_enabled()
+    grad = _grad()
     if not x.is_cpu or not x.is_contiguous() or x.is_neg() or (grad and x.requires_grad):
         return None
+    hidden = shape[-1]
     two_d = len(shape) == 2
+    rows = shape[0] if two_d else (x.numel() // hidden if hidden else 0)
+    if not rows or not hidden:
+        return None
     tensors = [x if two_d else x.view(rows, hidden)]
-    key = [form, options, x.dtype, hidden, rows == 1]
+    key = [x.dtype, hidden, rows == 1]
     for a in args:
-        if isinstance(a, _Tensor):
-            if (type(a) not in _PLAIN or not a.is_cpu or not a.is_contiguous() or a.is_neg()
-                    or (grad and a.requires_grad)):
+        kind = type(a)
+        if kind is _Tensor or kind is _Parameter:
+            if not a.is_cpu or not a.is_contiguous() or a.is_neg() or (grad and a.requires_grad):
                 return None
-            s = a.shape
-            if s == shape:  # residual, gate: x's rows
+            if a.dim() == 1:  # the weight: [hidden] (x is at least 2-D, so no row tensor is 1-D)
+                if a.numel() != hidden:
+                    return None
+                tensors.append(a)
+                key += (_WEIGHT, a.dtype)
+            elif a.shape == shape:  # residual, gate: x's rows
                 tensors.append(a if two_d else a.view(rows, hidden))
                 key.append(a.dtype)
-            elif len(s) == 1 and s[0] == hidden:  # weight
-                tensors.append(a)
-                key.append((a.dtype,))  # a 1-tuple: a weight, not a row tensor, of that dtype
             else:
                 return None
+        elif kind in _SCALARS or not isinstance(a, _Tensor):
+            key += (kind, a)  # eps, variance size, group size, a None weight
         else:
-            key.append((type(a), a))  # eps, variance size, group size, a None weight
+            return None  # a tensor subclass: it would lose its type
     key = tuple(key)
     try:
-        art = _artifacts[key]
+        art = fam.artifacts[key]
     except KeyError:
-        art = _artifacts[key] = _build(form, dict(options), x, tensors, args)
+        art = fam.artifacts[key] = _build(fam, x, tensors, args)
     except TypeError:  # an unhashable argument: Dynamo knows what to do with it
         return None
     if art is None:
@@ -119,10 +149,14 @@ def run(form: Callable[..., Any], options: tuple[tuple[str, Any], ...], x: torch
     return out.view(*shape[:-1], out.shape[-1])
 
 
-def _build(form: Callable[..., Any], options: dict[str, Any], x: torch.Tensor, tensors: list[torch.Tensor],
+_WEIGHT = object()  # marks a [hidden] tensor's dtype in a key (a row tensor's stands alone)
+
+
+def _build(fam: Family, x: torch.Tensor, tensors: list[torch.Tensor],
            args: tuple[Any, ...]) -> Callable[..., Any] | None:
     """The artifact for this call's key, or None (logged) where it cannot be built."""
     global compiles, _missing_logged
+    form = fam.form
     compile_fn = getattr(torch._inductor, "standalone_compile", None) if _import_inductor() else None
     if compile_fn is None:
         if not _missing_logged:
@@ -131,7 +165,7 @@ def _build(form: Callable[..., Any], options: dict[str, Any], x: torch.Tensor, t
                         "compiled tier calls torch.compile's code through Dynamo", torch.__version__)
         return None
     try:
-        art = _compile(compile_fn, form, options, tensors, args)
+        art = _compile(compile_fn, form, fam.options, tensors, args)
     except Exception:  # noqa: BLE001  (an internal API: any failure means the Dynamo path, said once)
         log.warning("customop: standalone_compile failed for %s (%s, hidden %d); its calls use "
                     "torch.compile through Dynamo", getattr(form, "__name__", form), x.dtype, x.shape[-1],
@@ -180,8 +214,11 @@ def _compile(compile_fn: Callable[..., Any], form: Callable[..., Any], options: 
         log.warning("customop: the %s graph constrains its rows beyond >= 2; its calls use torch.compile "
                     "through Dynamo", getattr(form, "__name__", form))
         return None
-    with torch._inductor.config.patch(options), torch.no_grad():
-        return compile_fn(gm, fakes, dynamic_shapes="from_graph")
+    # the fake mode through a tracing context: "from_graph" finds it only in Dynamo's node metadata
+    # on torch 2.8 (make_fx records "val", not "example_value")
+    context = torch._guards.TracingContext(mode)
+    with torch._guards.tracing(context), torch._inductor.config.patch(options), torch.no_grad():
+        return compile_fn(gm, fakes, dynamic_shapes="from_tracing_context")
 
 
 def _rows_unconstrained(shape_env: Any, rows: Any) -> bool:

@@ -63,8 +63,8 @@ class CpuTiers:
     #: compile cache's key is a dict of options made into a frozenset, ~1 us a call to rebuild
     _fns: dict[Callable[..., Any], tuple[Any, ...]] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
-    #: fn -> ((form, options items), the resolver it came from), for ``standalone.run``
-    _forms: dict[Callable[..., Any], tuple[Any, ...]] = dataclasses.field(
+    #: fn -> (its ``standalone.Family``, the resolver it came from), for ``standalone.run``
+    _families: dict[Callable[..., Any], tuple[Any, ...]] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
 
     def compile_from(self, dtype: torch.dtype) -> float:
@@ -92,16 +92,14 @@ class CpuTiers:
         form = compiled_form(fn)  # the RMSNorm specs: the bf16 rounding in fp32 arithmetic
         return (fn, dict(EMULATE_CASTS)) if form is fn else (form, {**EMULATE_CASTS, **EXACT_ROUNDING_OPTIONS})
 
-    def standalone_form(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], tuple[tuple[str, Any], ...]]:
-        """``form(fn)`` with the options as sorted items (``standalone.run``'s key), cached like
-        ``compiled``."""
-        hit = self._forms.get(fn)
+    def standalone_family(self, fn: Callable[..., Any]) -> standalone.Family:
+        """``form(fn)``'s artifacts for ``standalone.run``, cached like ``compiled``."""
+        hit = self._families.get(fn)
         if hit is not None and hit[1] is compiled_form:
             return hit[0]
-        form, options = self.form(fn)
-        out = (form, tuple(sorted(options.items())))
-        self._forms[fn] = (out, compiled_form)
-        return out
+        fam = standalone.family(*self.form(fn))
+        self._families[fn] = (fam, compiled_form)
+        return fam
 
 
 #: Set by ``warming_up()``: calls of two or more tokens take the compiled tier whatever their size
@@ -174,8 +172,7 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
         return spec(x, *args, **kwargs)
     if tiers.standalone and prepare is None and not kwargs:
         # Inductor's code without Dynamo's call path; None: a guard failed, Dynamo's path below
-        form, options = tiers.standalone_form(compiled_spec or spec)
-        out = standalone.run(form, options, x, args)
+        out = standalone.run(tiers.standalone_family(compiled_spec or spec), x, args)
         if out is not None:
             return out
     fn = tiers.compiled(compiled_spec or spec)

@@ -132,11 +132,11 @@ def test_guard_failures_take_the_dynamo_path():
     still matches the spec; autograd still records through the Dynamo path."""
     dtype = torch.bfloat16
     op = rms_norm(dtype)
-    form, options = op.cpu_tiers.standalone_form(L.rms_norm)
+    fam = op.cpu_tiers.standalone_family(L.rms_norm)
     built = standalone.compiles
     for name, x in _guard_cases(dtype).items():
         args = (op.weight, op.eps, None)
-        assert standalone.run(form, options, x, args) is None, name
+        assert standalone.run(fam, x, args) is None, name
         if name == "negative bit":  # torch.compile itself ignores the bit (torch 2.13: t * 2 of a
             continue                # negated view of ones gives 2), so the Dynamo path is no reference
         with torch.no_grad() if name != "requires-grad" else torch.enable_grad():
@@ -147,8 +147,8 @@ def test_guard_failures_take_the_dynamo_path():
             out.float().sum().backward()
             assert x.grad is not None and x.grad.shape == x.shape
     x = randn(5, H, dtype=dtype, seed=13)
-    assert standalone.run(form, options, x, (op.weight.t()[None], op.eps, None)) is None  # weight not [H]
-    assert standalone.run(form, options, x[0], (op.weight, op.eps, None)) is None  # 1-D x
+    assert standalone.run(fam, x, (op.weight.t()[None], op.eps, None)) is None  # weight not [H]
+    assert standalone.run(fam, x[0], (op.weight, op.eps, None)) is None  # 1-D x
     assert standalone.compiles == built  # nothing above reached a build
 
 
@@ -163,11 +163,11 @@ def test_guard_failures_in_context():
             return func(*args, **(kwargs or {}))
 
     x, w = torch.randn(5, 16), torch.ones(16)
-    form = L.RMSNorm.cpu_tiers.standalone_form(L.rms_norm)
+    fam = L.RMSNorm.cpu_tiers.standalone_family(L.rms_norm)
     built = standalone.compiles
 
     def run(t):
-        assert standalone.run(*form, t, (w, 1e-6, None)) is None
+        assert standalone.run(fam, t, (w, 1e-6, None)) is None
         return t
 
     with Mode():
@@ -210,10 +210,10 @@ def test_a_failed_build_is_logged_and_remembered(monkeypatch, caplog):
     monkeypatch.setattr(standalone, "_compile", broken)
     op = rms_norm(torch.float32, hidden=16)
     op.cpu_tiers = op.cpu_tiers.compiling_from(1)
-    form = op.cpu_tiers.standalone_form(L.rms_norm)
+    fam = op.cpu_tiers.standalone_family(L.rms_norm)
     with caplog.at_level(logging.WARNING, logger=standalone.__name__):
         for rows in (3, 4):
-            assert standalone.run(*form, torch.randn(rows, 16), (op.weight, op.eps, None)) is None
+            assert standalone.run(fam, torch.randn(rows, 16), (op.weight, op.eps, None)) is None
     assert len(calls) == 1 and sum("failed" in r.getMessage() for r in caplog.records) == 1
 
 
