@@ -18,7 +18,7 @@ speed, never a wrong result:
 
 - no tracing or interception around the call: not inside ``torch.compile`` (the caller tests
   that first), no torch-dispatch mode (make_fx, FakeTensorMode), no torch-function mode, no
-  functorch transform (vmap, grad), no JIT tracer, CPU autocast off;
+  functorch transform (vmap, grad), no JIT tracer, autocast off (on any device: one cheap call);
 - every tensor a plain ``torch.Tensor`` or ``nn.Parameter`` (a subclass keeps its type through the
   spec and would not through compiled code), on the CPU, contiguous (the strides the graph was
   traced with), without the lazy negation bit, its dtype the artifact's;
@@ -28,8 +28,8 @@ speed, never a wrong result:
 - autograd not recording: grad mode off or no input requiring grad (the artifact is an inference
   graph; training keeps Dynamo's AOTAutograd graph).
 
-If ``standalone_compile`` is missing (older torch) or fails for a graph, that is logged once and
-the graph's calls take the Dynamo path.
+If ``standalone_compile`` is missing (older torch) or fails for a graph, that is logged (once a
+process, once a graph) and those calls take the Dynamo path.
 """
 
 from __future__ import annotations
