@@ -238,3 +238,24 @@ def test_gated_norm_standalone(groups):
             dynamo = via_dynamo(op)
             for rows, (x, gate, out) in got.items():
                 assert torch.equal(out, dynamo.forward_cpu(x, gate)), rows
+
+
+@pytest.mark.slow
+def test_warmup_builds_the_artifacts():
+    """``customop.warmup`` in the requests' grad mode builds the one-row and the dynamic artifacts;
+    requests of any token count then build nothing (and trace no Dynamo graph)."""
+    import customop
+
+    with use_config(Config(custom_ops=["all"])):
+        op = L.RMSNorm(4096, dtype=torch.bfloat16)  # bf16 compiles from one 4096-wide token
+    built_before = standalone.compiles
+    with torch.inference_mode():
+        rows = customop.warmup(op, sizes=(1, 16), dtypes=(torch.bfloat16,))
+        assert [r.outcome for r in rows] == ["ran", "ran"]
+        assert standalone.compiles - built_before == 4  # with and without the residual, 1 row and more
+        before, built = graphs(), standalone.compiles
+        for tokens in (1, 7, 300):
+            x = randn(tokens, 4096, dtype=torch.bfloat16, seed=tokens)
+            assert_close(op(x), ref_rms_norm(x, op.weight, op.eps), torch.bfloat16)
+            assert_close(op(x, x), ref_fused_add(x, x, op.weight, op.eps), torch.bfloat16)
+        assert standalone.compiles == built and graphs() == before
