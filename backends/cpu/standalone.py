@@ -1,4 +1,5 @@
-"""The norms' compiled tier without Dynamo: Inductor artifacts behind our own guards (issue 18).
+"""The compiled tier without Dynamo: Inductor artifacts behind our own guards (issue 18). Used by
+the RMSNorm family, the activations and QuantFP8 (``CpuTiers.standalone``).
 
 Why. At decode sizes a norm's kernel takes a few microseconds, and Dynamo's call path (its guards,
 the AOT wrapper, ``set_eval_frame``) ~20-40 us on the 2-core CI box: both ``forward_cpu`` and
@@ -23,10 +24,19 @@ speed, never a wrong result:
   spec and would not through compiled code), on the CPU, contiguous (the strides the graph was
   traced with), without the lazy negation bit, its dtype the artifact's;
 - x and every tensor of x's shape: at least 2-D, at least one row, the artifact's hidden size
-  (ranks above 2 run as views of their rows, like the Dynamo path); the other tensors exactly
-  ``[hidden]``;
+  (ranks above 2 run as views of their rows, like the Dynamo path; with ``two_d_only``, for specs
+  whose outputs need not follow x's rows such as QuantFP8's per-tensor scale, 2-D only); the other
+  tensors exactly ``[hidden]`` or one element (xielu's alphas, QuantFP8's ``scale_ub``), their
+  rank and dtype in the key; keyword arguments plain values (a tensor among them: None), in the
+  key like the positional non-tensor ones. Outputs may have another width than x (the gated
+  activations) or be a tuple (QuantFP8's ``(q, scale)``);
 - autograd not recording: grad mode off or no input requiring grad (the artifact is an inference
   graph; training keeps Dynamo's AOTAutograd graph).
+
+At build time, a graph that mutates an input, or returns an input or a view of one (QuantFP8's
+static scale: the spec hands back the caller's tensor, an artifact could return a copy), or
+whose trace constrains the rows beyond ``>= 2`` (QuantFP8's padding to a token count) is not
+compiled: its calls take the Dynamo path (remembered per key, logged).
 
 If ``standalone_compile`` is missing (older torch) or fails for a graph, that is logged (once a
 process, once a graph) and those calls take the Dynamo path.
@@ -92,13 +102,17 @@ _autocast = _C._is_any_autocast_enabled  # any device: stricter than CPU's alone
 _grad = torch.is_grad_enabled
 
 
-def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...]) -> Any:
-    """``fam.form(x, *args)`` through its artifact, or None when a guard fails (the caller then
-    takes the Dynamo path). ~2 us of checks a call."""
+def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+        two_d_only: bool = False) -> Any:
+    """``fam.form(x, *args, **kwargs)`` through its artifact, or None when a guard fails (the
+    caller then takes the Dynamo path). ~2 us of checks a call. ``kwargs``: non-tensor values only
+    (options, dtypes; a tensor among them returns None). ``two_d_only``: x of another rank returns
+    None (specs whose outputs do not follow x's leading dims, e.g. QuantFP8's per-tensor scale)."""
     shape = x.shape
     # no mode, transform, tracer or autocast that the artifact would bypass; 1-D x (one token) is
     # left to Dynamo: its weight would look like a row tensor
-    if (type(x) not in _PLAIN or len(shape) < 2 or _dispatch_modes() or _function_modes()
+    if (type(x) not in _PLAIN or len(shape) < 2 or (two_d_only and len(shape) != 2)
+            or _dispatch_modes() or _function_modes()
             or _transform() is not None or _jit_tracing() is not None or _autocast()):
         return None
     grad = _grad()
@@ -116,11 +130,12 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...]) -> Any:
         if kind is _Tensor or kind is _Parameter:
             if not a.is_cpu or not a.is_contiguous() or a.is_neg() or (grad and a.requires_grad):
                 return None
-            if a.dim() == 1:  # the weight: [hidden] (x is at least 2-D, so no row tensor is 1-D)
-                if a.numel() != hidden:
-                    return None
-                tensors.append(a)
+            if a.dim() == 1 and a.numel() == hidden:  # the weight: [hidden] (x is at least 2-D,
+                tensors.append(a)                      # so no row tensor is 1-D)
                 key += (_WEIGHT, a.dtype)
+            elif a.dim() <= 1 and a.numel() == 1:  # a one-element parameter (xielu's alphas)
+                tensors.append(a)
+                key += (_ONE, a.dim(), a.dtype)
             elif a.shape == shape:  # residual, gate: x's rows
                 tensors.append(a if two_d else a.view(rows, hidden))
                 key.append(a.dtype)
@@ -130,11 +145,16 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...]) -> Any:
             key += (kind, a)  # eps, variance size, group size, a None weight
         else:
             return None  # a tensor subclass: it would lose its type
+    if kwargs:
+        for name, value in kwargs.items():
+            if isinstance(value, _Tensor):
+                return None  # tensors only as positional arguments (their guards are above)
+            key += (name, type(value), value)
     key = tuple(key)
     try:
         art = fam.artifacts[key]
     except KeyError:
-        art = fam.artifacts[key] = _build(fam, x, tensors, args)
+        art = fam.artifacts[key] = _build(fam, x, tensors, args, kwargs or {})
     except TypeError:  # an unhashable argument: Dynamo knows what to do with it
         return None
     if art is None:
@@ -150,10 +170,11 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...]) -> Any:
 
 
 _WEIGHT = object()  # marks a [hidden] tensor's dtype in a key (a row tensor's stands alone)
+_ONE = object()  # marks a one-element tensor's rank and dtype in a key
 
 
 def _build(fam: Family, x: torch.Tensor, tensors: list[torch.Tensor],
-           args: tuple[Any, ...]) -> Callable[..., Any] | None:
+           args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any] | None:
     """The artifact for this call's key, or None (logged) where it cannot be built."""
     global compiles, _missing_logged
     form = fam.form
@@ -165,7 +186,7 @@ def _build(fam: Family, x: torch.Tensor, tensors: list[torch.Tensor],
                         "compiled tier calls torch.compile's code through Dynamo", torch.__version__)
         return None
     try:
-        art = _compile(compile_fn, form, fam.options, tensors, args)
+        art = _compile(compile_fn, form, fam.options, tensors, args, kwargs)
     except Exception:  # noqa: BLE001  (an internal API: any failure means the Dynamo path, said once)
         log.warning("customop: standalone_compile failed for %s (%s, hidden %d); its calls use "
                     "torch.compile through Dynamo", getattr(form, "__name__", form), x.dtype, x.shape[-1],
@@ -184,7 +205,8 @@ def _import_inductor() -> bool:
 
 
 def _compile(compile_fn: Callable[..., Any], form: Callable[..., Any], options: dict[str, Any],
-             tensors: list[torch.Tensor], args: tuple[Any, ...]) -> Callable[..., Any] | None:
+             tensors: list[torch.Tensor], args: tuple[Any, ...],
+             kwargs: dict[str, Any] | None = None) -> Callable[..., Any] | None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -206,10 +228,15 @@ def _compile(compile_fn: Callable[..., Any], form: Callable[..., Any], options: 
         full = list(args)
         for i, t in zip(slots, ts):
             full[i] = t
-        return form(x, *full)
+        return form(x, *full, **(kwargs or {}))
 
     with torch.no_grad():  # an inference graph (the guards keep autograd away from it)
         gm = make_fx(graph, tracing_mode="fake")(*fakes)
+    why = _not_functional(gm)
+    if why:
+        log.info("customop: the %s graph %s; its calls use torch.compile through Dynamo",
+                 getattr(form, "__name__", form), why)
+        return None
     if rows > 1 and not _rows_unconstrained(mode.shape_env, fakes[0].shape[0]):
         log.warning("customop: the %s graph constrains its rows beyond >= 2; its calls use torch.compile "
                     "through Dynamo", getattr(form, "__name__", form))
@@ -233,3 +260,24 @@ def _rows_unconstrained(shape_env: Any, rows: Any) -> bool:
             if not bool(guard.expr.xreplace({sym: n})):
                 return False
     return True
+
+
+def _not_functional(gm: torch.fx.GraphModule) -> str | None:
+    """Why the artifact could not stand in for the spec's call, or None: an operation that mutates
+    (an input would not be written through the artifact as Dynamo's wrapper writes it back), or
+    an output that is an input or a view of one (the spec returns the caller's storage, e.g.
+    QuantFP8's static scale; the artifact could return a copy)."""
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is not None and schema.is_mutable:
+            return f"mutates ({node.target})"
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    for node in torch.utils._pytree.tree_leaves(out.args[0]):
+        while isinstance(node, torch.fx.Node):
+            if node.op == "placeholder":
+                return "returns an input or a view of one"
+            schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+            if schema is None or not schema.returns or schema.returns[0].alias_info is None or not node.args:
+                break
+            node = node.args[0]  # a view: its base
+    return None

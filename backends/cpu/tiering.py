@@ -47,8 +47,10 @@ class CpuTiers:
             which rounds to bf16 in fp32 arithmetic instead of through Inductor's slower emulated
             round trip.
         standalone: call the compiled tier's Inductor code without Dynamo (``standalone.py``: our
-            own guards, the Dynamo path whenever one fails): ~20-40 us less a call. For 2-D row
-            specs whose tensors are x's shape or ``[hidden]`` (the RMSNorm family).
+            own guards, the Dynamo path whenever one fails): ~20-40 us less a call. For specs whose
+            tensors are x's shape or ``[hidden]`` and whose other arguments (keyword ones too)
+            are plain values: the RMSNorm family, the activations, QuantFP8 (2-D x only when
+            ``rows`` is off).
     """
 
     min_numel: float
@@ -170,9 +172,11 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
             if out is not None:
                 return out
         return spec(x, *args, **kwargs)
-    if tiers.standalone and prepare is None and not kwargs:
-        # Inductor's code without Dynamo's call path; None: a guard failed, Dynamo's path below
-        out = standalone.run(tiers.standalone_family(compiled_spec or spec), x, args)
+    if tiers.standalone and prepare is None:
+        # Inductor's code without Dynamo's call path; None: a guard failed, Dynamo's path below.
+        # Without ``rows`` the outputs need not follow x's leading dims: 2-D x only
+        out = standalone.run(tiers.standalone_family(compiled_spec or spec), x, args, kwargs,
+                             two_d_only=not tiers.rows)
         if out is not None:
             return out
     fn = tiers.compiled(compiled_spec or spec)

@@ -1,6 +1,7 @@
 """CPU paths of the activation family: eager native vs ``torch.compile(native)`` vs ``forward_cpu``.
 
     .venv/bin/python -m benchmarks.cpu.activation [--quick] [--rounds N] [--ops silu_and_mul,relu2]
+        [--compile-from N] [--no-standalone]
 
 For each op, dtype (bf16, fp32) and shape: eager is the pure function of
 ``customop.ops.activation`` (what ``forward_native`` runs); compile is
@@ -13,13 +14,18 @@ OpenMP threads, where a parallel region waits for its descheduled partner), nois
 ever adds time. ``--threads 1`` gives steadier numbers on a busy VM. The table goes into
 benchmarks/results/cpu_activation.md and sets each op's ``cpu_tiers``. The "native op"
 column is the same op disabled (``forward_native`` through the module: what forward_cpu must not
-lose to at small sizes, where both pay nn.Module's call overhead).
+lose to at small sizes, where both pay nn.Module's call overhead); "eager tier" is forward_cpu
+with its compiled tier switched off (what it runs below its threshold). ``--compile-from N``
+moves every op's threshold to N elements (measure the compiled tier at small sizes);
+``--no-standalone`` calls the compiled tier through Dynamo, as before issue 18's standalone route.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import math
 import platform
 import time
 from collections.abc import Callable
@@ -76,7 +82,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[
 
 
 def bench_one(label: str, op: torch.nn.Module, native_op: torch.nn.Module, tokens: int, d: int,
-              dtype: torch.dtype, rounds: int) -> str:
+              dtype: torch.dtype, rounds: int, eager_op: torch.nn.Module) -> str:
     fn, args = type(op).math_fn, op.math_args()
     x = torch.randn(tokens, 2 * d if op.gated else d).to(dtype)
 
@@ -93,12 +99,14 @@ def bench_one(label: str, op: torch.nn.Module, native_op: torch.nn.Module, token
         "native_op": lambda: native_op(x),
         "compile": lambda: static(x, *args),
         "forward_cpu": lambda: op(x),
+        "eager_tier": lambda: eager_op(x),
     }, rounds)
     path = "compiled" if x.numel() >= op.cpu_tiers.compile_from(x.dtype) else "eager"
     us = {k: v * 1e6 for k, v in t.items()}
     return (f"| {label} | {str(dtype).removeprefix('torch.')} | {tokens}x{tuple(x.shape)[-1]} | "
             f"{us['eager']:.1f} | {us['native_op']:.1f} | {us['compile']:.1f} | "
-            f"{us['forward_cpu']:.1f} ({path}) | {t['native_op'] / t['forward_cpu']:.2f}x |")
+            f"{us['forward_cpu']:.1f} ({path}) | {us['eager_tier']:.1f} | {t['native_op'] / t['forward_cpu']:.2f}x | "
+            f"{t['compile'] / t['forward_cpu']:.2f}x |")
 
 
 def main() -> None:
@@ -109,20 +117,32 @@ def main() -> None:
     parser.add_argument("--ops", default="", help="comma-separated labels (default: all)")
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    parser.add_argument("--compile-from", type=float, default=None,
+                        help="every op's compile threshold, in elements (default: the ops' own)")
+    parser.add_argument("--no-standalone", action="store_true",
+                        help="the compiled tier through Dynamo (CpuTiers.standalone off)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     wanted = [o for o in args.ops.split(",") if o] or list(OPS)
     print(f"date {datetime.date.today()}  torch {torch.__version__}  threads {torch.get_num_threads()}  "
-          f"cpu {platform.processor() or platform.machine()}  best of {args.rounds} rounds")
+          f"cpu {platform.processor() or platform.machine()}  best of {args.rounds} rounds  "
+          f"compile from {args.compile_from or 'the ops own thresholds'}  "
+          f"standalone {'off' if args.no_standalone else 'as declared'}")
     print("| op | dtype | input | eager fn us | native op us | compile us | forward_cpu us (path) | "
-          "forward_cpu vs native op |")
-    print("|---|---|---|---|---|---|---|---|")
+          "eager tier us | forward_cpu vs native op | forward_cpu vs compile |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     with torch.inference_mode():
         for label in wanted:
             with use_config(Config(custom_ops=["all"])):
                 op = OPS[label]()
+                eager_op = OPS[label]()  # its own module: a copy would keep op's bound forward
+            eager_op.cpu_tiers = op.cpu_tiers.compiling_from(math.inf)
+            if args.compile_from is not None:
+                op.cpu_tiers = op.cpu_tiers.compiling_from(args.compile_from)
+            if args.no_standalone:
+                op.cpu_tiers = dataclasses.replace(op.cpu_tiers, standalone=False)
             with use_config(Config(custom_ops=["none"])):
                 native_op = OPS[label](compile_native=False)
             shapes = QUICK_SHAPES if args.quick else SILU_SHAPES if label == "silu_and_mul" else OTHER_SHAPES
@@ -130,7 +150,8 @@ def main() -> None:
                 shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
             for dtype_name in args.dtypes.split(","):
                 for tokens, d in shapes:
-                    print(bench_one(label, op, native_op, tokens, d, getattr(torch, dtype_name), args.rounds),
+                    print(bench_one(label, op, native_op, tokens, d, getattr(torch, dtype_name), args.rounds,
+                                    eager_op),
                           flush=True)
 
 

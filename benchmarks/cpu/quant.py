@@ -1,6 +1,7 @@
 """CPU paths of QuantFP8: eager native vs ``torch.compile(native)`` vs ``forward_cpu``.
 
-    .venv/bin/python -m benchmarks.cpu.quant [--quick] [--rounds N]
+    .venv/bin/python -m benchmarks.cpu.quant [--quick] [--rounds N] [--shapes 1x128,16x4096]
+        [--compile-from N] [--no-standalone]
 
 Dynamic per-token and per-group-128 quantization of bf16 activations to e4m3fn. ``eager`` is
 ``QuantFP8.forward_native``; ``compile`` is a separate ``torch.compile`` of the spec function
@@ -9,13 +10,17 @@ Dynamic per-token and per-group-128 quantization of bf16 activations to e4m3fn. 
 ``QUANT_CPU_TIERS`` elements, eager below). The three are interleaved inside each round so
 that drift in this shared VM's clock hits them alike; each cell shows the median and the best of
 the rounds, with GB/s counted as bytes read (x) + bytes written (q and scales). The table goes
-into benchmarks/results/cpu_quant.md.
+into benchmarks/results/cpu_quant.md. ``--compile-from N`` moves the compile threshold to N
+elements; ``--no-standalone`` calls the compiled tier through Dynamo (before issue 18's
+standalone route). "eager tier" is forward_cpu with its compiled tier off.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import math
 import os
 import platform
 import statistics
@@ -63,28 +68,43 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small shapes only (a smoke run)")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--shapes", default="", help="tokens x hidden list (default: SHAPES)")
+    parser.add_argument("--compile-from", type=float, default=None, help="compile threshold in elements")
+    parser.add_argument("--no-standalone", action="store_true", help="the compiled tier through Dynamo")
     args = parser.parse_args()
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")] if args.shapes else \
+        QUICK_SHAPES if args.quick else SHAPES
     torch.manual_seed(0)
     compiled_native = torch.compile(native)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"date {datetime.date.today()}  torch {torch.__version__}  threads {torch.get_num_threads()}  "
           f"cpu {platform.processor() or platform.machine()} ({os.cpu_count()} cores)  load average {load:.1f}  "
-          f"compile from {input_quant_fp8.QUANT_CPU_TIERS.min_numel} elements  {args.rounds} rounds")
+          f"compile from {args.compile_from or input_quant_fp8.QUANT_CPU_TIERS.min_numel} elements  "
+          f"standalone {'off' if args.no_standalone else 'on'}  {args.rounds} rounds")
     print("Cells: median us (best round us). A busy shared VM inflates medians; the best round is "
           "closer to the code's own cost.\n")
-    print("| mode | tokens x hidden | eager | compile | forward_cpu | forward_cpu vs eager | GB/s (best) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| mode | tokens x hidden | eager | compile | forward_cpu | eager tier | forward_cpu vs eager | "
+          "forward_cpu vs compile | GB/s (best) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     with torch.inference_mode():
         for mode, group_shape in MODES.items():
             with use_config(Config(custom_ops=["all"])):
                 op = QuantFP8(False, group_shape)
-            for tokens, hidden in (QUICK_SHAPES if args.quick else SHAPES):
+            if args.compile_from is not None:
+                op.cpu_tiers = op.cpu_tiers.compiling_from(args.compile_from)
+            if args.no_standalone:
+                op.cpu_tiers = dataclasses.replace(op.cpu_tiers, standalone=False)
+            with use_config(Config(custom_ops=["all"])):
+                eager_op = QuantFP8(False, group_shape)
+            eager_op.cpu_tiers = op.cpu_tiers.compiling_from(math.inf)
+            for tokens, hidden in shapes:
                 x = torch.randn(tokens, hidden, dtype=torch.bfloat16)
                 rounds = args.rounds if tokens * hidden < 2**24 else max(5, args.rounds // 3)
                 t = time_interleaved({
                     "eager": lambda: op.forward_native(x),
                     "compile": lambda: compiled_native(x, op._math),
                     "cpu": lambda: op.forward_cpu(x),
+                    "eager_tier": lambda: eager_op.forward_cpu(x),
                 }, rounds)
                 med = {k: statistics.median(v) for k, v in t.items()}
                 best = {k: min(v) for k, v in t.items()}
@@ -92,7 +112,8 @@ def main() -> None:
                 q, s = op.forward_cpu(x)
                 moved = x.numel() * x.element_size() + q.numel() + s.numel() * 4
                 print(f"| {mode} | {tokens}x{hidden} | {cell['eager']} | {cell['compile']} | {cell['cpu']} | "
-                      f"{med['eager'] / med['cpu']:.2f}x ({best['eager'] / best['cpu']:.2f}x) | "
+                      f"{cell['eager_tier']} | {med['eager'] / med['cpu']:.2f}x ({best['eager'] / best['cpu']:.2f}x) | "
+                      f"{med['compile'] / med['cpu']:.2f}x ({best['compile'] / best['cpu']:.2f}x) | "
                       f"{moved / min(best.values()) / 1e9:.2f} |", flush=True)
 
 

@@ -1,0 +1,261 @@
+"""The standalone route (backends/cpu/standalone.py, issue 18) beyond the norms: the activations'
+and QuantFP8's compiled tiers. Fresh random inputs at 1, 7 and 4231 rows in every dtype the ops
+take, against the float64 references and bitwise against the Dynamo path it replaces; one
+artifact for every token count of two or more (one more for one token), no Dynamo graph while the
+guards hold; guard failures (including a graph that returns an input, QuantFP8's static scale,
+and x of another rank where the outputs do not follow x's rows) fall back with the right result."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from customop.backends.cpu import CpuTiers, compile_cache, run_tiered, standalone
+from customop.config import Config, use_config
+from customop.ops import activation as A
+from customop.ops.quantization import QuantFP8, input_quant_fp8
+from customop.samples.activation import BY_LABEL as ACT
+from customop.samples.quant import BY_LABEL as QUANT
+from customop.testing import assert_close
+from tests.cases import activation as act_ref
+from tests.cases import quant as quant_ref
+
+D = 1031  # odd output width: the vector loops' tails run too (gated ops read 2 * D)
+ROWS = (1, 7, 4231)
+ACT_DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
+QUANT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+FP8 = torch.float8_e4m3fn
+
+#: one case per activation op with a compiled tier (gelu, gelu_tanh never compile;
+#: swigluoai_and_mul compiles a de-interleaved copy, which keeps the Dynamo path)
+ACT_CASES = ["silu_and_mul", "mul_and_silu", "gelu_and_mul[tanh]", "gelu_and_mul_sparse[0.95]", "fatrelu_and_mul",
+             "swiglustep_and_mul", "silu_and_mul_with_clamp[1.702,1]", "situ_and_mul[4,25]", "gelu_new",
+             "gelu_fast", "quick_gelu", "relu2", "xielu"]
+#: the dynamic modes that take the route (2-D x, no padding; scale_ub is a one-element tensor)
+QUANT_CASES = ["dynamic per-tensor", "dynamic per-token", "dynamic per-token scale_ub", "per-group 64",
+               "per-group 64 ue8m0", "per-group 128", "per-group 128 column-major"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiles():
+    compile_cache.reset()
+    yield
+    compile_cache.reset()
+
+
+def graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def via_dynamo(op):
+    """The same op with its compiled tier called through Dynamo, as before."""
+    other = copy.copy(op)
+    other.cpu_tiers = dataclasses.replace(op.cpu_tiers, standalone=False)
+    return other
+
+
+def act_op(label):
+    with use_config(Config(custom_ops=["all"])):
+        op = ACT[label].build()
+    op.cpu_tiers = op.cpu_tiers.compiling_from(1)
+    return op
+
+
+def quant_op(label):
+    with use_config(Config(custom_ops=["all"])):
+        op = quant_ref.build(QUANT[label], FP8)
+    op.cpu_tiers = op.cpu_tiers.compiling_from(1)
+    return op
+
+
+def act_input(label, rows, dtype, seed, width=D):
+    case = ACT[label]
+    gen = torch.Generator().manual_seed(seed)
+    return case.input((rows, 2 * width if case.gated else width), dtype, generator=gen)
+
+
+def test_tiers_wiring():
+    compiled = [A.SiluAndMul, A.MulAndSilu, A.GeluAndMul, A.GeluAndMulSparse, A.FatreluAndMul, A.SwigluStepAndMul,
+                A.SiluAndMulWithClamp, A.SituAndMul, A.NewGELU, A.FastGELU, A.QuickGELU, A.ReLUSquaredActivation,
+                A.XIELU, A.SwigluOAIAndMul]
+    assert all(cls.cpu_tiers.standalone for cls in compiled)
+    assert input_quant_fp8.QUANT_CPU_TIERS.standalone and not input_quant_fp8.QUANT_CPU_TIERS.rows
+    # the sparse op's row statistics: the same (static-hidden) reduction code on both paths
+    assert not A.GeluAndMulSparse.cpu_tiers.dynamic_hidden
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ACT_CASES)
+def test_activation_float64_reference_and_bitwise_the_dynamo_path(label):
+    """1, 7 and 4231 rows in bf16, fp16, fp32 and fp64: within the dtype's tolerance of the float64
+    reference, bitwise what the Dynamo path gives, no Dynamo graph, two artifacts per dtype."""
+    case = ACT[label]
+    op = act_op(label)
+    for dtype in ACT_DTYPES:
+        before, built = graphs(), standalone.compiles
+        got = {}
+        with torch.no_grad():
+            for rows in ROWS:
+                x = act_input(label, rows, dtype, seed=rows)
+                got[rows] = x, op.forward_cpu(x)
+                expected = None
+                if dtype == torch.float64 and case.op == "gelu_and_mul_sparse":
+                    # the op's std multiplier is a float32 constant (an fp32 icdf): in fp64 that
+                    # rounding shows, so the reference takes the op's multiplier
+                    expected = act_ref.ref_gelu_and_mul_sparse(x, op._std_multiplier, op.approximate)
+                if dtype == torch.float64 and case.op == "situ_and_mul":
+                    # the spec computes situ in fp32 whatever the input dtype: fp32's tolerance
+                    assert_close(got[rows][1], act_ref.reference(case, x, op), torch.float32)
+                    continue
+                act_ref.assert_matches(case, op, x, got[rows][1], spec_rounding=True, expected=expected)
+        assert graphs() == before and standalone.compiles - built == 2, dtype
+        dynamo = via_dynamo(op)
+        with torch.no_grad():
+            for rows, (x, out) in got.items():
+                assert torch.equal(out, dynamo.forward_cpu(x)), (dtype, rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", QUANT_CASES)
+def test_quant_float64_reference_and_bitwise_the_dynamo_path(label):
+    """1, 7 and 4231 rows x 1024 in bf16, fp16 and fp32: the scales exactly and q bit for bit
+    against the float64 reference (and the scales' layout), bitwise the Dynamo path's (q, scale),
+    strides included; no Dynamo graph, two artifacts per dtype."""
+    case = QUANT[label]
+    op = quant_op(label)
+    for dtype in QUANT_DTYPES:
+        before, built = graphs(), standalone.compiles
+        got = {}
+        with torch.no_grad():
+            for rows in ROWS:
+                x = case.input((rows, 1024), dtype, generator=torch.Generator().manual_seed(rows))
+                kwargs = case.call_kwargs(x, op.fp8_max)
+                got[rows] = x, kwargs, op.forward_cpu(x, **kwargs)
+                quant_ref.check_against_reference(case, x, got[rows][2], FP8, kwargs)
+        assert graphs() == before and standalone.compiles - built == 2, dtype
+        dynamo = via_dynamo(op)
+        with torch.no_grad():
+            for rows, (x, kwargs, (q, scale)) in got.items():
+                q2, scale2 = dynamo.forward_cpu(x, **kwargs)
+                assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)), (dtype, rows)
+                assert torch.equal(scale, scale2) and scale.stride() == scale2.stride(), (dtype, rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ["static per-tensor", "static per-channel", "static per-group 128",
+                                   "dynamic per-token padded 12", "dynamic per-tensor padded 12",
+                                   "per-group 128 ue8m0 column-major tma"])
+def test_quant_modes_the_route_refuses(label):
+    """Static scales (the spec returns the caller's tensor: a graph returning an input is never
+    compiled standalone), padding to a token count and TMA-aligned scales (their trace guards on
+    the rows: a multiple of 4, the padding) keep Dynamo's path for two or more rows, with the
+    reference's result."""
+    case = QUANT[label]
+    op = quant_op(label)
+    with torch.no_grad():
+        for rows in (7, 4231):
+            x = case.input((rows, 1024), torch.bfloat16, generator=torch.Generator().manual_seed(rows))
+            kwargs = case.call_kwargs(x, op.fp8_max)
+            quant_ref.check_against_reference(case, x, op.forward_cpu(x, **kwargs), FP8, kwargs)
+            fam = op.cpu_tiers.standalone_family(input_quant_fp8.quant_fp8)
+            assert standalone.run(fam, x, (kwargs.get("scale"), kwargs.get("scale_ub")), op._math) is None
+
+
+@pytest.mark.slow
+def test_one_artifact_serves_every_token_count():
+    op, quant = act_op("silu_and_mul"), quant_op("per-group 128")
+    before, built = graphs(), standalone.compiles
+    with torch.no_grad():
+        for rows in (2, 3, 7, 64, 4231, 5, 1, 1, 2):
+            x = act_input("silu_and_mul", rows, torch.bfloat16, seed=rows)
+            act_ref.assert_matches(ACT["silu_and_mul"], op, x, op.forward_cpu(x))
+            xq = QUANT["per-group 128"].input((rows, 1024), torch.bfloat16, generator=torch.Generator().manual_seed(rows))
+            quant_ref.check_against_reference(QUANT["per-group 128"], xq, quant.forward_cpu(xq), FP8, {})
+        assert standalone.compiles - built == 4  # per op: rows >= 2 (dynamic) and one row (static)
+        assert graphs() == before
+        # 3-D x: the activation (rows) runs on a view of its rows, same artifact
+        x = act_input("silu_and_mul", 15, torch.bfloat16, seed=9).view(3, 5, 2 * D)
+        out = op.forward_cpu(x)
+        assert out.shape == (3, 5, D) and torch.equal(out.flatten(0, 1), op.forward_cpu(x.flatten(0, 1)))
+        assert standalone.compiles - built == 4 and graphs() == before
+        # another width or another argument value: a new artifact, not a reused one
+        x = act_input("silu_and_mul", 6, torch.bfloat16, seed=6, width=D + 2)
+        act_ref.assert_matches(ACT["silu_and_mul"], op, x, op.forward_cpu(x))
+        fat = act_op("fatrelu_and_mul")
+        x = act_input("fatrelu_and_mul", 6, torch.float32, seed=6)
+        act_ref.assert_matches(ACT["fatrelu_and_mul"], fat, x, fat.forward_cpu(x))
+        fat.threshold = -0.5
+        act_ref.assert_matches(ACT["fatrelu_and_mul"], fat, x, fat.forward_cpu(x))
+        assert standalone.compiles - built == 7 and graphs() == before
+        # 3-D x for QuantFP8 (no ``rows``: its scales need not follow x's rows): Dynamo's path
+        xq = QUANT["per-group 128"].input((3, 5, 1024), torch.bfloat16, generator=torch.Generator().manual_seed(3))
+        q, scale = quant.forward_cpu(xq)
+        q2, scale2 = quant.forward_cpu(xq.flatten(0, 1))
+        assert q.shape == xq.shape and scale.shape == (3, 5, 8)
+        assert torch.equal(q.flatten(0, 1).view(torch.uint8), q2.view(torch.uint8))
+        assert torch.equal(scale.flatten(0, 1), scale2)
+        assert standalone.compiles - built == 7 and graphs() > before
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+@pytest.mark.slow
+def test_guard_failures_take_the_dynamo_path():
+    """Each failing guard: ``standalone.run`` says no and forward_cpu (through Dynamo) still gives
+    the reference's result; a tensor keyword argument says no too."""
+    dtype = torch.bfloat16
+    op = act_op("situ_and_mul[4,25]")
+    fam = op.cpu_tiers.standalone_family(type(op).math_fn)
+    built = standalone.compiles
+    x = act_input("situ_and_mul[4,25]", 5, dtype, seed=11)
+    cases = {
+        "non-contiguous": torch.empty(2 * D, 5, dtype=dtype).t().copy_(x),
+        "negative bit": torch._neg_view(x),
+        "subclass": x.as_subclass(_Sub),
+        "requires-grad": x.clone().requires_grad_(),
+        "zero rows": x[:0],
+        "1-D": x[0],
+    }
+    for name, t in cases.items():
+        assert standalone.run(fam, t, op.math_args()) is None, name
+        if name == "negative bit":  # torch.compile ignores the bit itself: no reference (see the norms' test)
+            continue
+        with torch.no_grad() if name != "requires-grad" else torch.enable_grad():
+            out = op.forward_cpu(t)
+        plain = t.detach().as_subclass(torch.Tensor)
+        act_ref.assert_matches(ACT["situ_and_mul[4,25]"], op, plain, out.detach().as_subclass(torch.Tensor),
+                               spec_rounding=True)
+        if name == "requires-grad":
+            assert out.requires_grad
+    # keyword arguments: values only; a tensor among them says no
+    quant = quant_op("dynamic per-token")
+    qfam = quant.cpu_tiers.standalone_family(input_quant_fp8.quant_fp8)
+    assert standalone.run(qfam, x, (None, None), {**quant._math, "extra": torch.ones(1)}) is None
+    assert standalone.compiles == built  # nothing above reached a build
+
+
+def test_a_graph_that_mutates_or_returns_an_input_is_not_compiled():
+    def mutates(x):
+        x.mul_(2)
+        return x + 1
+
+    def returns_a_view(x, w):
+        return x * w, w.view(1, -1)
+
+    built = standalone.compiles
+    x, w = torch.randn(4, 16), torch.randn(16)
+    assert standalone.run(standalone.family(mutates, {}), x.clone(), ()) is None
+    assert standalone.run(standalone.family(returns_a_view, {}), x, (w,)) is None
+    assert standalone.compiles - built == 2  # built and refused, remembered as None
+    assert standalone.run(standalone.family(returns_a_view, {}), x, (w,)) is None
+    assert standalone.compiles - built == 2
+    # through run_tiered: Dynamo's path, whose result is the caller's storage
+    tiers = CpuTiers(1, standalone=True)
+    out, view = run_tiered(tiers, returns_a_view, x, w)
+    assert view.data_ptr() == w.data_ptr() and torch.equal(out, x * w)
