@@ -28,17 +28,18 @@ from customop.math import quant as qm
 from customop.math.fp8 import fp8_max, fp8_min_scale
 from customop.ops.quantization.group_shape import GroupShape
 
-#: Until issue 18 below 64K elements forward_cpu stayed eager (benchmarks/results/cpu_quant.md). On a quiet
+#: Below 64K elements forward_cpu stays eager (benchmarks/results/cpu_quant.md). On a quiet
 #: 2-core CPU compiled wins from about 4x4096 (by ~10 us), but a dynamic-shape Inductor kernel
 #: always opens an OpenMP region, and on a busy machine waiting for the second thread cost
 #: milliseconds per call at 2x4096-4x4096, where eager runs single-threaded. From 16x4096 up
 #: both use the threads and compiled is 2-8x faster. The scales' shapes follow x's leading
 #: dims, so x is not flattened to rows; its token and hidden dims are dynamic from the start.
-#: Since the standalone route (issue 18: the compiled call without Dynamo, backends/cpu/standalone.py)
-#: compiled beats the eager tier at every size measured, 1x128 to 16x4096 (24-59 vs 45-134 us per
-#: token, 25-35 vs 42-59 per group at 1 row; 2 threads, load ~1; benchmarks/results/cpu_quant.md,
-#: 2026-12-02), so it compiles from one element; the OpenMP stall above was not seen in those runs.
-QUANT_CPU_TIERS = CpuTiers(1, rows=False, standalone=True)
+#: Issue 18: the compiled tier runs without Dynamo (``standalone``, 2-D x). Without Dynamo's call
+#: compiled beat the eager tier at every size from 1x128 on a quiet machine (25 vs 45 us at
+#: 1x128, 36 vs 77 at 4x4096, load ~1), but with other work on both cores the same artifacts
+#: stalled for 3-11 ms at 1x4096 (the OpenMP wait above; eager 37-56 us), so the threshold
+#: stayed (benchmarks/results/cpu_quant.md, 2026-12-02).
+QUANT_CPU_TIERS = CpuTiers(1 << 16, rows=False, standalone=True)
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
