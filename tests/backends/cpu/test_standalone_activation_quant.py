@@ -17,7 +17,7 @@ from torch._dynamo.utils import counters
 from customop.backends.cpu import CpuTiers, compile_cache, run_tiered, standalone
 from customop.config import Config, use_config
 from customop.ops import activation as A
-from customop.ops.quantization import QuantFP8, input_quant_fp8
+from customop.ops.quantization import input_quant_fp8
 from customop.samples.activation import BY_LABEL as ACT
 from customop.samples.quant import BY_LABEL as QUANT
 from customop.testing import assert_close
@@ -173,7 +173,8 @@ def test_one_artifact_serves_every_token_count():
         for rows in (2, 3, 7, 64, 4231, 5, 1, 1, 2):
             x = act_input("silu_and_mul", rows, torch.bfloat16, seed=rows)
             act_ref.assert_matches(ACT["silu_and_mul"], op, x, op.forward_cpu(x))
-            xq = QUANT["per-group 128"].input((rows, 1024), torch.bfloat16, generator=torch.Generator().manual_seed(rows))
+            gen = torch.Generator().manual_seed(rows)
+            xq = QUANT["per-group 128"].input((rows, 1024), torch.bfloat16, generator=gen)
             quant_ref.check_against_reference(QUANT["per-group 128"], xq, quant.forward_cpu(xq), FP8, {})
         assert standalone.compiles - built == 4  # per op: rows >= 2 (dynamic) and one row (static)
         assert graphs() == before
