@@ -27,8 +27,9 @@ speed, never a wrong result:
   (ranks above 2 run as views of their rows, like the Dynamo path; with ``two_d_only``, for specs
   whose outputs need not follow x's rows such as QuantFP8's per-tensor scale, 2-D only); the other
   tensors exactly ``[hidden]`` or one element (xielu's alphas, QuantFP8's ``scale_ub``), their
-  rank and dtype in the key; keyword arguments plain values (a tensor among them: None), in the
-  key like the positional non-tensor ones. Outputs may have another width than x (the gated
+  rank and dtype in the key; every other argument, keyword ones too, a plain value (a scalar,
+  string, dtype or a tuple of those, e.g. GroupShape; anything else, such as a tuple holding a
+  tensor: None), keyed by value since the graph bakes it in. Outputs may have another width than x (the gated
   activations) or be a tuple (QuantFP8's ``(q, scale)``);
 - autograd not recording: grad mode off or no input requiring grad (the artifact is an inference
   graph; training keeps Dynamo's AOTAutograd graph).
@@ -141,13 +142,13 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
                 key.append(a.dtype)
             else:
                 return None
-        elif kind in _SCALARS or not isinstance(a, _Tensor):
-            key += (kind, a)  # eps, variance size, group size, a None weight
+        elif kind in _SCALARS or _plain(a):
+            key += (kind, a)  # eps, variance size, group size, a None weight, approximate="tanh"
         else:
-            return None  # a tensor subclass: it would lose its type
+            return None  # a tensor subclass (it would lose its type), or a value holding tensors
     if kwargs:
         for name, value in kwargs.items():
-            if isinstance(value, _Tensor):
+            if not _plain(value):
                 return None  # tensors only as positional arguments (their guards are above)
             key += (name, type(value), value)
     key = tuple(key)
@@ -167,6 +168,17 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
     if isinstance(out, tuple):
         return tuple(t.view(*shape[:-1], t.shape[-1]) for t in out)
     return out.view(*shape[:-1], out.shape[-1])
+
+
+_PLAIN_VALUES = (*_SCALARS, str, torch.dtype)
+
+
+def _plain(value: Any) -> bool:
+    """A value the graph may bake in, keyed by value: a scalar, a string, a dtype, or a tuple of
+    those (GroupShape). Anything else (a tensor, a container of tensors, an object) is not."""
+    if type(value) in _PLAIN_VALUES:
+        return True
+    return isinstance(value, tuple) and all(type(v) in _PLAIN_VALUES for v in value)
 
 
 _WEIGHT = object()  # marks a [hidden] tensor's dtype in a key (a row tensor's stands alone)

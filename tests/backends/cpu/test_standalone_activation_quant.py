@@ -263,3 +263,18 @@ def test_a_graph_that_mutates_or_returns_an_input_is_not_compiled():
     tiers = CpuTiers(1, standalone=True)
     out, view = run_tiered(tiers, returns_a_view, x, w)
     assert view.data_ptr() == w.data_ptr() and torch.equal(out, x * w)
+
+
+def test_values_holding_tensors_are_refused():
+    """Only plain values (scalars, strings, dtypes, tuples of those) are keyed and baked in; a
+    tuple holding a tensor, an object or an unhashable value says no before any build."""
+    fam = standalone.family(A.fatrelu_and_mul, {})
+    x = torch.randn(3, 32)
+    built = standalone.compiles
+    for value in ((torch.ones(1),), object(), [0.5]):
+        assert standalone.run(fam, x, (value,)) is None, value
+    qfam = standalone.family(input_quant_fp8.quant_fp8, {})
+    with use_config(Config(custom_ops=["all"])):
+        quant = quant_ref.build(QUANT["dynamic per-token"], FP8)
+    assert standalone.run(qfam, x, (None, None), {**quant._math, "group_shape": (torch.ones(1), 1)}) is None
+    assert standalone.compiles == built
