@@ -12,14 +12,14 @@ import logging
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
-from customop.backends.cpu import compile_cache, standalone
+from customop.backends.cpu import standalone
 from customop.config import Config, use_config
 from customop.ops import layernorm as L
 from customop.ops.mamba import Mixer2RMSNormGated
 from customop.samples.mamba import NORM_CASES
 from customop.testing import assert_close
+from tests.backends.cpu.compile_counting import fresh_compiles, graphs  # noqa: F401  (autouse fixture)
 from tests.cases.layernorm import ref_fused_add, ref_rms_norm
 from tests.cases.mamba import norm_reference
 
@@ -27,15 +27,6 @@ H = 1031  # odd: the vector loops' tails run too
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
-@pytest.fixture(autouse=True)
-def fresh_compiles():
-    compile_cache.reset()
-    yield
-    compile_cache.reset()
-
-
-def graphs() -> int:
-    return counters["stats"]["unique_graphs"]
 
 
 def rms_norm(dtype, hidden=H, seed=0, weight_dtype=None):

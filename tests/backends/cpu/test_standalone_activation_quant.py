@@ -12,15 +12,15 @@ import dataclasses
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
-from customop.backends.cpu import CpuTiers, compile_cache, run_tiered, standalone
+from customop.backends.cpu import CpuTiers, run_tiered, standalone
 from customop.config import Config, use_config
 from customop.ops import activation as A
 from customop.ops.quantization import input_quant_fp8
 from customop.samples.activation import BY_LABEL as ACT
 from customop.samples.quant import BY_LABEL as QUANT
 from customop.testing import assert_close
+from tests.backends.cpu.compile_counting import fresh_compiles, graphs  # noqa: F401  (autouse fixture)
 from tests.cases import activation as act_ref
 from tests.cases import quant as quant_ref
 
@@ -40,15 +40,6 @@ QUANT_CASES = ["dynamic per-tensor", "dynamic per-token", "dynamic per-token sca
                "per-group 64 ue8m0", "per-group 128", "per-group 128 column-major"]
 
 
-@pytest.fixture(autouse=True)
-def fresh_compiles():
-    compile_cache.reset()
-    yield
-    compile_cache.reset()
-
-
-def graphs() -> int:
-    return counters["stats"]["unique_graphs"]
 
 
 def via_dynamo(op):
