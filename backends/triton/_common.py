@@ -104,6 +104,10 @@ def interpreter_safe_dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         return tl.dot(a, b, input_precision=PRECISION)
 
 
+#: CUDA's limit on a grid's second and third axes (the first takes 2**31 - 1)
+GRID_YZ_MAX = 65535
+
+
 class ConfigStack:
     """Launch configurations that sweeps and tests put over a launcher's own choice: inside
     ``with stack.use(cfg):`` (nests) ``stack.top`` is ``cfg``; outside it is None."""

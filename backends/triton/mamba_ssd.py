@@ -46,7 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from customop.backends.triton._common import INTERPRETED, ConfigStack, device_guard, next_pow2, softplus
+from customop.backends.triton._common import (INTERPRETED, GRID_YZ_MAX, ConfigStack, device_guard, next_pow2,
+                                              softplus)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,8 +314,6 @@ def chunk_table(query_start_loc: torch.Tensor, n_tokens: int, chunk_size: int):
     return start.to(i32), end.to(i32), first.to(i32), count.to(i32)
 
 
-#: CUDA's limit on a grid's second axis, which carries the chunks (the heads go first: see above)
-_GRID_Y = 65535
 
 
 def _tile(want: int, size: int, floor: int = 16) -> int:
@@ -331,9 +330,11 @@ def ssd_chunk_scan(x, dt, A, B, C, D, dt_bias, ssm_states, query_start_loc, cach
     if T == 0 or S == 0:
         return out
     cfg = ssd_config()
-    if (T // chunk_size + S) * triton.cdiv(chunk_size, _tile(cfg.scan_m, chunk_size)) > _GRID_Y:
+    # the chunks ride the grid's second axis (the heads go first: see above)
+    if (T // chunk_size + S) * triton.cdiv(chunk_size, _tile(cfg.scan_m, chunk_size)) > GRID_YZ_MAX:
         raise ValueError(f"ssd_chunk_scan: {T} tokens in chunks of {chunk_size} exceed the kernels' grid "
-                         f"({_GRID_Y} chunk blocks); expected at most ~{_GRID_Y * chunk_size // 4} tokens a call")
+                         f"({GRID_YZ_MAX} chunk blocks); expected at most ~{GRID_YZ_MAX * chunk_size // 4} "
+                         "tokens a call")
     cstart, cend, first, count = chunk_table(query_start_loc, T, chunk_size)
     n_chunks = cstart.shape[0]
     f32 = dict(dtype=torch.float32, device=x.device)
