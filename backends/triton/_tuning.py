@@ -87,6 +87,10 @@ class TileConfig:
     int32: bool = True
     evict: bool = True
     grid2d: bool = False
+    #: (gated ``*_and_mul`` kernel, packed rows) the width as a compile-time constant, as in
+    #: Inductor's code for one shape: no runtime width, strides or offsets in the address math;
+    #: one compiled kernel per hidden size
+    const_width: bool = False
 
     @property
     def eviction_policy(self) -> str:
@@ -142,6 +146,18 @@ RMS_TABLE: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
 }
 #: rows wider than the table: chunk width and warps of the looped kernel
 LOOP_ROW: dict[str, tuple[int, int]] = {"cuda": (8192, 16)}
+#: the RMSNorm family at prefill sizes (more than ``min_rows`` rows of at least ``min_width``
+#: padded lanes) takes the looped kernel, Inductor's form for these ops: pass 1 reads the row
+#: (kept in L2 by evict_last), pass 2 re-reads it from L2 and writes. Chunk: half the row, at most
+#: ``max_chunk`` (rms_norm), or the row, at most ``max_chunk`` (with a residual, whose store then
+#: waits for the reduction instead of competing with the first reads); ``lanes_per_warp`` lanes
+#: per warp. H200 sweep 2026-12-02, bf16, 32768 rows (single-tile pick -> looped; compile):
+#: rms_norm x 4096 130.9 -> 126.8 us (129.3 liger), x 8192 255.3 -> 249.5 (249.3 compile);
+#: fused add x 4096 265.8 -> 251.4 (249.4), x 8192 525.9 -> 508.2 (500.7). At 4096 rows the
+#: looped kernel tied the single tile (34.8 / 68.3 against 35.9 / 68.8 us), below it lost.
+RMS_LOOPED: dict[str, dict[str, int]] = {
+    "cuda": {"min_rows": 8192, "min_width": 4096, "max_chunk": 4096, "lanes_per_warp": 256},
+}
 
 #: row kernels that keep the whole row live across a reduction and then quantize it (per-token
 #: fp8 quant, rms_norm + quant): single-row programs get the fewest warps (4 at least) that hold
@@ -169,7 +185,7 @@ TILE_TABLE: dict[str, dict[str, int]] = {
     "cuda": {"tile_elems": 1024, "tile_min_n": 1024, "flat_elems": 2048, "flat_min": 1024, "elems_per_warp": 512,
              "small_elems_per_warp": 256, "decode_tokens": 256, "decode_min_n": 1024,
              "stream_tile_elems": 2048, "stream_elems_per_warp": 256, "stream_flat_numel": 1 << 20,
-             "stream_flat_elems": 1024},
+             "stream_flat_elems": 1024, "small_grid_tile_n": 512, "small_grid_elems_per_warp": 64},
 }
 #: (tile, decode rows) up to ``decode_tokens`` rows the gated tile may shrink to ``decode_min_n``
 #: columns (instead of ``tile_min_n``) to spread the few rows over more SMs; the ``tile`` sweep's
@@ -177,6 +193,14 @@ TILE_TABLE: dict[str, dict[str, int]] = {
 #: H200 sweep 2026-12-02 (gelu erf / tanh, fatrelu, swigluoai at 1 / 16 / 256 x 14336, bf16),
 #: 1.026x the flat grid's pick in geometric mean over the 12 rows, where re-timing the pick's own
 #: shape gave 0.988x (the noise at 1.3-1.8 us); no other decode alternative beat the pick.
+#: ``small_grid_*``: where the decode-class tile (gated) or the ``flat_min`` block (unary ops)
+#: leaves fewer than two programs per SM (1-16 tokens of 14336 / 4096-8192 lanes), 512-element
+#: tiles at 8 warps, two elements per thread: the shortest dependent chain per thread (erf's
+#: branches, the sigmoid) in a launch that waits on latency. H200 sweep 2026-12-02, bf16, pick ->
+#: 512 / 8 (compile): gelu erf 1 / 16 x 14336 1.51 -> 1.34 / 1.74 -> 1.66 us (1.30 / 1.62),
+#: gelu tanh 1.37 -> 1.32 / 1.61 -> 1.55 (1.38 / 1.64), fatrelu 1.26 -> 1.27 / 1.46 -> 1.44
+#: (1.28 / 1.39); quick_gelu 1 / 16 x 8192 1.30 -> 1.24 / 1.40 -> 1.34 (1.25 / 1.41). At 256
+#: tokens the small tiles lost (gelu tanh 7.55 against 6.43 us): the class stops at two programs per SM.
 #: per-token-group quant: elements per program (whole groups of one row), per thread, and the
 #: smallest program; 32 groups of 128 at 4 warps take ~55 registers: nine programs (72 KB of
 #: loads) in flight per SM, against six (48 KB) at 8 warps
@@ -246,15 +270,20 @@ def _row_config(kind: str, sms: int, n_rows: int, n_cols: int, quant: bool) -> R
     return RowConfig(1, chunk, _warps(kind, warps), False)
 
 
-def rms_config(device: torch.device, n_rows: int, n_cols: int) -> RowConfig:
-    """Config of the RMSNorm family's kernel (RMS_TABLE; override kind ``rms``)."""
+def rms_config(device: torch.device, n_rows: int, n_cols: int, residual: bool = False) -> RowConfig:
+    """Config of the RMSNorm family's kernel (RMS_TABLE, RMS_LOOPED; override kind ``rms``).
+    ``residual``: the fused-add variants (their own looped chunk)."""
     kind = device_kind(device)
-    return _apply_override("rms", _rms_config(kind, sm_count(device), n_rows, n_cols))
+    return _apply_override("rms", _rms_config(kind, sm_count(device), n_rows, n_cols, residual))
 
 
 @functools.lru_cache(maxsize=512)
-def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int) -> RowConfig:
+def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int, residual: bool = False) -> RowConfig:
     width = next_pow2(n_cols)
+    looped = _table(RMS_LOOPED, kind)
+    if n_rows > looped["min_rows"] and width >= looped["min_width"]:
+        chunk = min(width if residual else width // 2, looped["max_chunk"])
+        return RowConfig(1, chunk, _warps(kind, max(1, chunk // looped["lanes_per_warp"])), False)
     for max_rows, max_width, block_m, warps, per_sm in _table(RMS_TABLE, kind):
         if n_rows <= max_rows and width <= max_width:
             while block_m > 1 and _cdiv(n_rows, block_m) < 2 * sms:
@@ -293,6 +322,11 @@ def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class:
     elems = t["stream_tile_elems"] if stream else t["tile_elems"]
     block_n = min(next_pow2(n_cols), elems)
     block_m = min(max(1, elems // block_n), next_pow2(n_rows))
+    if not stream and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
+        # a latency-bound launch (TILE_TABLE's ``small_grid_*``): smaller tiles, more warps
+        block_n = min(block_n, t["small_grid_tile_n"])
+        warps = max(1, min(8, block_m * block_n // t["small_grid_elems_per_warp"]))
+        return TileConfig(block_m, block_n, _warps(kind, warps), grid2d=True)
     min_n = t["tile_min_n"] if stream else t["decode_min_n"]
     while block_n > min_n and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
         block_n //= 2
@@ -318,6 +352,9 @@ def _flat_config(kind: str, sms: int, numel: int, unary: bool = False) -> TileCo
         block = t["stream_flat_elems"]
         return TileConfig(1, block, _warps(kind, block // t["stream_elems_per_warp"]), evict=False)
     block = t["flat_elems"]
+    if unary and _cdiv(numel, t["flat_min"]) < 2 * sms:
+        block = t["small_grid_tile_n"]  # as the gated tiles' small grids
+        return TileConfig(1, block, _warps(kind, max(1, min(8, block // t["small_grid_elems_per_warp"]))))
     while block > t["flat_min"] and _cdiv(numel, block) < 2 * sms:
         block //= 2
     small = _cdiv(numel, block) < 2 * sms
@@ -377,12 +414,20 @@ SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
     + tuple(dict({"grid2d": True, "_tokens": (0, 256)}, **shape) for shape in (
         {}, {"evict": False}, {"block_n": 256, "num_warps": 2}, {"block_n": 512, "num_warps": 2},
         {"block_n": 256, "num_warps": 2, "evict": False}))
+    # the width as a constant (Inductor's per-shape code), at decode sizes and beyond
+    + tuple(dict({"const_width": True}, **shape) for shape in ({}, {"evict": False}))
+    # one or two elements per thread at decode sizes (a latency-bound launch: the shortest chain
+    # of dependent work per thread, e.g. erf's branches), on the 2-D grid
+    + tuple({"grid2d": True, "block_n": n, "num_warps": w, "_tokens": (0, 256)}
+            for n, w in ((128, 4), (256, 4), (256, 8), (512, 8), (512, 16), (1024, 16)))
     + tuple({"evict": False, "block_n": n, "num_warps": w, "_tokens": (257, _INF)} for n, w in ((1024, 4), (2048, 8))),
     # the unary ops: the previous kernel's code (bounds checks and int64 offsets everywhere), no
     # eviction hint, then block sizes and warps
     "flat": ({"even": False, "int32": False}, {"evict": False}, {"evict": False, "block_n": 1024, "num_warps": 4})
     + tuple({"block_n": n, "num_warps": w} for n, w in ((512, 1), (1024, 4), (2048, 4), (2048, 8), (4096, 4),
-                                                        (4096, 8), (8192, 8), (8192, 16), (16384, 16))),
+                                                        (4096, 8), (8192, 8), (8192, 16), (16384, 16)))
+    # one or two elements per thread at decode sizes (as for the gated tiles)
+    + tuple({"block_n": n, "num_warps": w, "_tokens": (0, 256)} for n, w in ((128, 4), (256, 4), (512, 8), (1024, 16))),
     # the RMSNorm family. Keys starting with "_" limit an alternative to shapes (sweep_alternatives):
     # "_tokens" / "_width": inclusive (low, high) bounds on the rows and the padded row width.
     # First the code generation: the previous kernel's (bounds checks everywhere, int64 offsets,
@@ -396,7 +441,11 @@ SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
             {"num_warps": 8, "evict": False, "_tokens": (257, _INF), "_width": (8192, _INF)},
             {"block_m": 2, "_tokens": (257, _INF)}, {"programs_per_sm": 1, "_tokens": (257, _INF)},
             {"programs_per_sm": 2, "_tokens": (257, _INF)}, {"programs_per_sm": 4, "_tokens": (257, _INF)},
-            {"programs_per_sm": 4, "maxnreg": 32, "_tokens": (257, _INF)}),
+            {"programs_per_sm": 4, "maxnreg": 32, "_tokens": (257, _INF)})
+    # the looped kernel (Inductor's form for every size: pass 1 reads the row in chunks, keeping
+    # it in L2, pass 2 re-reads it from there and writes), by chunk and warps
+    + tuple({"single_tile": False, "block_n": n, "num_warps": w, "_tokens": (16, _INF)}
+            for n, w in ((512, 4), (1024, 4), (1024, 8), (2048, 4), (2048, 8), (4096, 8), (4096, 16))),
     "rotary": ({"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16}, {"min_splits": 2}),
     "group": tuple({"block_m": m, "num_warps": w} for m, w in ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8))),
 }

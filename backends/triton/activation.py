@@ -70,21 +70,30 @@ def _and_mul_kernel(
     x_ptr, out_ptr, n_rows, d, x_stride, out_stride, gate_offset, up_offset, param, param2, param3,
     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     EVEN: tl.constexpr = False, INT64: tl.constexpr = True, EVICT: tl.constexpr = "evict_first",
-    GRID2D: tl.constexpr = False,
+    GRID2D: tl.constexpr = False, WIDTH: tl.constexpr = 0,
 ):
     # param: fatrelu's threshold, swiglustep's and silu_and_mul_with_clamp's limit, situ's beta;
     # param2: silu_and_mul_with_clamp's alpha, situ's linear_beta; param3: silu_and_mul_with_clamp's beta
     # tiles of the [n_rows, d] output, row-major (column block fastest): the programs in flight
     # read one contiguous stretch of x and write one of out, as a flat copy does. EVEN: the tile
     # divides the output (no bounds checks); INT64: 64-bit offsets (the host picks 32-bit when
-    # every offset fits); EVICT: x's eviction policy ("" for none).
-    row_block, col_block = _tile_index(d, BLOCK_N, GRID2D)
+    # every offset fits); EVICT: x's eviction policy ("" for none); WIDTH > 0: d, with x's and
+    # out's rows packed (strides 2d and d), as compile-time constants (one kernel per width).
+    if WIDTH > 0:
+        width: tl.constexpr = WIDTH
+        x_row_stride: tl.constexpr = 2 * WIDTH
+        out_row_stride: tl.constexpr = WIDTH
+    else:
+        width = d
+        x_row_stride = x_stride
+        out_row_stride = out_stride
+    row_block, col_block = _tile_index(width, BLOCK_N, GRID2D)
     rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     if INT64:
         rows = rows.to(tl.int64)
     cols = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
-    x_row = x_ptr + rows[:, None] * x_stride + cols[None, :]
+    mask = (rows < n_rows)[:, None] & (cols < width)[None, :]
+    x_row = x_ptr + rows[:, None] * x_row_stride + cols[None, :]
     if EVEN:
         a = tl.load(x_row + gate_offset, eviction_policy=EVICT).to(tl.float32)
         b = tl.load(x_row + up_offset, eviction_policy=EVICT).to(tl.float32)
@@ -104,9 +113,9 @@ def _and_mul_kernel(
             b = tl.minimum(tl.maximum(b, -param), param)
         y = _gate_act(a, param, ACT) * b
     if EVEN:
-        tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :], y.to(out_ptr.dtype.element_ty))
     else:
-        tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -271,7 +280,8 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
         kernel[grid](rows, out_rows, n_rows, d, x_stride, d, *args, **constexprs,
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                      EVEN=cfg.even and n_rows % cfg.block_m == 0 and d % cfg.block_n == 0,
-                     INT64=not (cfg.int32 and fits), EVICT=cfg.eviction_policy, GRID2D=grid2d)
+                     INT64=not (cfg.int32 and fits), EVICT=cfg.eviction_policy, GRID2D=grid2d,
+                     **({"WIDTH": d} if cfg.const_width and x_stride == 2 * d and kernel is _and_mul_kernel else {}))
     return out
 
 

@@ -339,7 +339,7 @@ def _launch_rms(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
                 out: torch.Tensor, eps: float, gemma: bool, config: _tuning.RowConfig | None = None) -> None:
     """Normalises the rows of x (+ residual, rewritten in place) into out; all are row views."""
     n_rows, n_cols = x.shape
-    cfg = config or _tuning.rms_config(x.device, n_rows, n_cols)
+    cfg = config or _tuning.rms_config(x.device, n_rows, n_cols, residual is not None)
     res = residual if residual is not None else x
     w = weight.contiguous() if weight is not None else x
     grid, stages = _tuning.row_grid(x.device, cfg, n_rows)

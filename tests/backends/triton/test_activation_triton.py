@@ -90,8 +90,8 @@ TILED = {
 }
 
 
-@pytest.mark.parametrize("config", [_tuning.TileConfig(2, 64, 1), _tuning.TileConfig(1, 512, 2), _tuning.TileConfig(4, 32, 1)],
-                         ids=str)
+@pytest.mark.parametrize("config", [_tuning.TileConfig(2, 64, 1), _tuning.TileConfig(1, 512, 2), _tuning.TileConfig(4, 32, 1),
+                                    _tuning.TileConfig(2, 64, 1, grid2d=True, const_width=True)], ids=str)
 @pytest.mark.parametrize("label", list(TILED))
 def test_gated_tile_configs(label, config, poison_empty):
     """Other tilings than the table's pick (what --sweep may select) give the same result."""
@@ -193,7 +193,12 @@ def test_tile_2d_grid_falls_back_to_flat_past_the_row_limit(monkeypatch, poison_
 
 def test_tile_decode_class_and_sweep_filters():
     """The decode rows of TILE_TABLE and the ``tile`` sweep's shape filters."""
-    assert _tuning._tile_config("cuda", 132, 1, 14336) == _tuning.TileConfig(1, 1024, 4, grid2d=True)
+    # fewer than two programs per SM at the decode tile (1-16 tokens): 512-lane tiles at 8 warps
+    assert _tuning._tile_config("cuda", 132, 1, 14336) == _tuning.TileConfig(1, 512, 8, grid2d=True)
+    assert _tuning._tile_config("cuda", 132, 16, 14336) == _tuning.TileConfig(1, 512, 8, grid2d=True)
+    assert _tuning._tile_config("cuda", 132, 64, 14336) == _tuning.TileConfig(1, 1024, 2, grid2d=True)
+    assert _tuning._flat_config("cuda", 132, 16 * 8192, True) == _tuning.TileConfig(1, 512, 8)
+    assert _tuning._flat_config("cuda", 132, 16 * 8192) == _tuning.TileConfig(1, 1024, 4)  # quant: as before
     assert _tuning._tile_config("cuda", 132, 256, 14336).evict  # decode class: the hint stays
     assert _tuning._tile_config("cuda", 132, 256, 14336).grid2d  # and the 2-D grid
     assert not _tuning._tile_config("cuda", 132, 257, 14336).grid2d
@@ -202,7 +207,7 @@ def test_tile_decode_class_and_sweep_filters():
     # the unary streaming class, and per-tensor quant's flat blocks left as they were
     assert _tuning._flat_config("cuda", 132, 32768 * 8192, True) == _tuning.TileConfig(1, 1024, 4, evict=False)
     assert _tuning._flat_config("cuda", 132, 32768 * 8192) == _tuning.TileConfig(1, 2048, 4)
-    assert _tuning._flat_config("cuda", 132, 16 * 8192, True).evict
+    assert _tuning._flat_config("cuda", 132, 64 * 8192, True).evict
     decode = _tuning.sweep_alternatives(_tuning.SWEEP["tile"], 16, 14336)
     prefill = _tuning.sweep_alternatives(_tuning.SWEEP["tile"], 32768, 14336)
     assert {"even": False, "int32": False} in decode and {"even": False, "int32": False} in prefill

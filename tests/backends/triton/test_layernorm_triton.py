@@ -197,6 +197,13 @@ def test_rms_size_classes_and_sweep_filters():
     assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.single_tile) == (1, 4096, 8, True)
     assert _tuning._rms_config("cuda", 132, 4096, 512).block_m == 8
     assert not _tuning._rms_config("cuda", 132, 16, 65536).single_tile
+    # prefill sizes (RMS_LOOPED): the looped kernel, half-row chunks (the row with a residual)
+    assert _tuning._rms_config("cuda", 132, 32768, 4096) == _tuning.RowConfig(1, 2048, 8, False)
+    assert _tuning._rms_config("cuda", 132, 32768, 4096, True) == _tuning.RowConfig(1, 4096, 16, False)
+    assert _tuning._rms_config("cuda", 132, 32768, 8192) == _tuning.RowConfig(1, 4096, 16, False)
+    assert _tuning._rms_config("cuda", 132, 32768, 5120, True) == _tuning.RowConfig(1, 4096, 16, False)
+    assert _tuning._rms_config("cuda", 132, 8192, 4096).single_tile  # mid sizes keep the single tile
+    assert _tuning._rms_config("cuda", 132, 32768, 2048).single_tile  # narrower rows: not measured
     for tokens in (1, 16, 256, 4096, 32768):
         for width in (4096, 8192):
             alts = _tuning.sweep_alternatives(_tuning.SWEEP["rms"], tokens, width)
