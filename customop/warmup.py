@@ -169,6 +169,23 @@ warmup.register_warmup = register_warmup  # type: ignore[attr-defined]
 # ---- the in-tree ops' inputs ----------------------------------------------------------------------
 
 
+#: One-token inputs of up to this many elements (the widest model rows: a gated activation's
+#: 2 x 53248) get their compiled graph at warm-up, for the ops whose width warmup cannot know
+#: (activations, QuantFP8: their graphs are dynamic in the width).
+WIDEST_ROW = 1 << 17
+
+
+def _width(op: Any, tokens: int, dtype: torch.dtype, width: int) -> int:
+    """The warm-up width of an op whose graphs are dynamic in the width: ``width``, except one
+    token at a threshold that a row of up to ``WIDEST_ROW`` elements reaches: then the narrowest
+    row reaching it (a multiple of 256, which every gated split and group size divides), so that
+    the one-token graph exists too."""
+    threshold = op.cpu_tiers.compile_from(dtype)
+    if tokens != 1 or threshold > WIDEST_ROW:
+        return width
+    return max(width, -(-int(threshold) // 256) * 256)
+
+
 def _randn(*shape: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     return torch.randn(*shape, device=device).to(dtype)
 
@@ -202,11 +219,12 @@ def _register_in_tree() -> None:
         return [((x,), {}), ((x, torch.randn_like(x)), {})]  # without and with the gate z
 
     def activation(op: Any, tokens: int, dtype: torch.dtype) -> list[Call]:
-        # The hidden dim is dynamic in the activations' graphs: any even width serves all widths.
-        return [((_randn(tokens, 256, dtype=dtype),), {})]
+        # The hidden dim is dynamic in the activations' graphs and standalone artifacts: any even
+        # width serves all widths (the artifacts' width guards are checked per width).
+        return [((_randn(tokens, _width(op, tokens, dtype, 256), dtype=dtype),), {})]
 
     def quant(op: Any, tokens: int, dtype: torch.dtype) -> list[Call]:
-        hidden = 2 * op.group_shape.col if op.is_group_quant else 256
+        hidden = _width(op, tokens, dtype, 2 * op.group_shape.col if op.is_group_quant else 256)
         x = _randn(tokens, hidden, dtype=dtype) * 3
         if not op.static:
             return [((x,), {})]
@@ -218,7 +236,7 @@ def _register_in_tree() -> None:
         elif gs.is_per_channel():
             shape = (hidden,)
         else:
-            shape = (tokens, 2)
+            shape = (tokens, -(-hidden // gs.col))
         return [((x, torch.full(shape, 0.05)), {})]
 
     def rotary(op: Any, tokens: int, dtype: torch.dtype) -> list[Call]:

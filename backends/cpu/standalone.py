@@ -4,7 +4,8 @@ the RMSNorm family, the activations and QuantFP8 (``CpuTiers.standalone``).
 Why. At decode sizes a norm's kernel takes a few microseconds, and Dynamo's call path (its guards,
 the AOT wrapper, ``set_eval_frame``) ~20-40 us on the 2-core CI box: both ``forward_cpu`` and
 ``torch.compile(forward_native)`` paid it, and ``forward_cpu`` its own ~3 us on top. Here the same
-graph is traced once with ``make_fx`` (fake tensors, rows symbolic, everything else static) and
+graph is traced once with ``make_fx`` (fake tensors, rows symbolic, the width too for the
+width-dynamic families, everything else static) and
 compiled with ``torch._inductor.standalone_compile``; a call checks the conditions below and runs
 the artifact directly (docs/cpu.md, "Against torch.compile(forward_native)").
 
@@ -12,6 +13,20 @@ Artifacts. One per (function, Inductor options, dtype of every tensor, hidden si
 the non-tensor arguments, one row or more): the graph for two or more rows is dynamic in the rows
 (its shape environment assumes ``rows >= 2``, as Dynamo's does: Dynamo specialises size 1), and
 one-row calls get a static graph of their own. So a new token count never compiles.
+
+Widths. The norms' families keep the hidden size static (a model constant, which their warm-up
+knows from the weight). Width-dynamic families (``dynamic_hidden``: the activations and QuantFP8,
+whose width ``customop.warmup`` cannot know) leave the width out of the key: x's last dim (in x,
+the row tensors and a ``[hidden]`` weight) is traced as ``quantum * w`` with ``w`` a symbol of its
+own (passed to the artifact as its first argument), ``quantum`` the power of two that the plain
+trace's guards require the width to be a multiple of (2 for the gated split, the group size for
+per-group quant, else 1: indexing by ``quantum * w`` rather than dividing the width ran per-group
+quant 1.7-2.4x faster). After the trace and again after Inductor's compile, every guard in ``w``
+is kept (``_Widths``); each new width is checked once against them with its value substituted,
+for every sample row count where a guard names the rows too (``w >= 2`` always: a shape
+environment specialises 0 and 1), and the verdict is cached per width. A width that fails gets an
+artifact traced for that width alone (or the Dynamo path where that one is refused): never the
+shared artifact, so never a wrong result. Widths 0 and 1 are keyed by value.
 
 Guards: what the artifact's code assumes, and whatever else Dynamo guards on that could change
 the result. Any failure returns None and the caller takes the Dynamo path, so a failed guard costs
@@ -23,8 +38,8 @@ speed, never a wrong result:
 - every tensor a plain ``torch.Tensor`` or ``nn.Parameter`` (a subclass keeps its type through the
   spec and would not through compiled code), on the CPU, contiguous (the strides the graph was
   traced with), without the lazy negation bit, its dtype the artifact's;
-- x and every tensor of x's shape: at least 2-D, at least one row, the artifact's hidden size
-  (ranks above 2 run as views of their rows, like the Dynamo path; with ``two_d_only``, for specs
+- x and every tensor of x's shape: at least 2-D, at least one row, the artifact's hidden size or
+  (width-dynamic) a width its guards pass (ranks above 2 run as views of their rows, like the Dynamo path; with ``two_d_only``, for specs
   whose outputs need not follow x's rows such as QuantFP8's per-tensor scale, 2-D only); the other
   tensors exactly ``[hidden]`` or one element (xielu's alphas, QuantFP8's ``scale_ub``), their
   rank and dtype in the key; every other argument, keyword ones too, a plain value (a scalar,
@@ -36,8 +51,8 @@ speed, never a wrong result:
 
 At build time, a graph that mutates an input, or returns an input or a view of one (QuantFP8's
 static scale: the spec hands back the caller's tensor, an artifact could return a copy), or
-whose trace constrains the rows beyond ``>= 2`` (QuantFP8's padding to a token count) is not
-compiled: its calls take the Dynamo path (remembered per key, logged).
+whose trace constrains the rows beyond ``>= 2`` (QuantFP8's padding to a token count; checked on
+sample row counts at the traced width) is not compiled: its calls take the Dynamo path (remembered per key, logged).
 
 If ``standalone_compile`` is missing (older torch) or fails for a graph, that is logged (once a
 process, once a graph) and those calls take the Dynamo path.
@@ -66,27 +81,58 @@ _missing_logged = False
 
 class Family:
     """One compiled form with its Inductor options, and its artifacts by shape class: dtypes,
-    hidden size, the non-tensor arguments, one row or more (None where building failed: those
-    calls take the Dynamo path). Callers keep the object (``CpuTiers.standalone_family``), so a
-    call hashes only its shape class."""
+    hidden size (not with ``dynamic_hidden``), the non-tensor arguments, one row or more (None
+    where building failed: those calls take the Dynamo path). Callers keep the object
+    (``CpuTiers.standalone_family``), so a call hashes only its shape class.
 
-    __slots__ = ("form", "options", "artifacts")
+    ``dynamic_hidden``: the artifacts are traced with the width symbolic too and serve every width
+    that passes their recorded width guards (``_Widths``); False: one artifact per width."""
 
-    def __init__(self, form: Callable[..., Any], options: dict[str, Any]) -> None:
-        self.form, self.options = form, options
-        self.artifacts: dict[tuple[Any, ...], Callable[..., Any] | None] = {}
+    __slots__ = ("form", "options", "dynamic_hidden", "artifacts")
+
+    def __init__(self, form: Callable[..., Any], options: dict[str, Any], dynamic_hidden: bool = False) -> None:
+        self.form, self.options, self.dynamic_hidden = form, options, dynamic_hidden
+        self.artifacts: dict[tuple[Any, ...], Any] = {}
 
 
 _families: dict[tuple[Any, ...], Family] = {}
 
 
-def family(form: Callable[..., Any], options: dict[str, Any]) -> Family:
-    """The one ``Family`` of ``form`` compiled with ``options``."""
-    key = (form, tuple(sorted(options.items())))
+def family(form: Callable[..., Any], options: dict[str, Any], dynamic_hidden: bool = False) -> Family:
+    """The one ``Family`` of ``form`` compiled with ``options`` (width-dynamic or per width)."""
+    key = (form, tuple(sorted(options.items())), dynamic_hidden)
     fam = _families.get(key)
     if fam is None:
-        fam = _families[key] = Family(form, dict(options))
+        fam = _families[key] = Family(form, dict(options), dynamic_hidden)
     return fam
+
+
+class _Widths:
+    """A width-dynamic artifact and the width guards its trace and compile recorded (e.g. the
+    gated split's ``Eq(w // 2, w - w // 2)``, per-group quant's ``Eq(Mod(w, 128), 0)`` and
+    ``w > 128``), checked once per new width with the width substituted (``_holds``); the
+    verdict is kept per width. A width that fails gets an artifact of its own (static width).
+    ``quantum``: the width was traced as ``quantum`` x a symbol, whose value (``width //
+    quantum``) the artifact takes as its first argument."""
+
+    __slots__ = ("fn", "guards", "rows", "width", "quantum", "verdicts")
+
+    def __init__(self, fn: Callable[..., Any], guards: list[Any], rows: Any, width: Any, quantum: int,
+                 traced: int) -> None:
+        self.fn, self.guards, self.rows, self.width, self.quantum = fn, guards, rows, width, quantum
+        self.verdicts: dict[int, bool] = {traced: True}  # the traced width (checked at build)
+
+    def serves(self, width: int) -> bool:
+        ok = self.verdicts.get(width)
+        if ok is None:
+            q = self.quantum
+            # the symbol's range is [2, oo) (a shape environment specialises sizes 0 and 1)
+            ok = self.verdicts[width] = (width % q == 0 and width // q >= 2
+                                         and _holds(self.guards, self.rows, self.width, width // q))
+            if not ok:
+                log.info("customop: width %d fails a guard of its width-dynamic artifact; it gets one of its "
+                         "own", width)
+        return ok
 
 
 def reset() -> None:
@@ -125,7 +171,9 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
     if not rows or not hidden:
         return None
     tensors = [x if two_d else x.view(rows, hidden)]
-    key = [x.dtype, hidden, rows == 1]
+    dynamic_hidden = fam.dynamic_hidden
+    # width-dynamic: widths of 2 and more share the key (ShapeEnv specialises sizes 0 and 1)
+    key = [x.dtype, None if dynamic_hidden and hidden > 1 else hidden, rows == 1]
     for a in args:
         kind = type(a)
         if kind is _Tensor or kind is _Parameter:
@@ -155,12 +203,23 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
     try:
         art = fam.artifacts[key]
     except KeyError:
-        art = fam.artifacts[key] = _build(fam, x, tensors, args, kwargs or {})
+        art = fam.artifacts[key] = _build(fam, x, tensors, args, kwargs or {}, dynamic_hidden and hidden > 1)
     except TypeError:  # an unhashable argument: Dynamo knows what to do with it
         return None
     if art is None:
         return None
-    out = art(*tensors)
+    if type(art) is not _Widths:
+        out = art(*tensors)
+    elif art.serves(hidden):
+        out = art.fn(hidden // art.quantum, *tensors)  # the width symbol's value first
+    else:  # a width its guards exclude: an artifact of this width (static), never a wrong result
+        key += (hidden,)
+        art = fam.artifacts.get(key, _MISSING)
+        if art is _MISSING:
+            art = fam.artifacts[key] = _build(fam, x, tensors, args, kwargs or {}, False)
+        if art is None:
+            return None
+        out = art(*tensors)
     if isinstance(out, list):
         out = tuple(out)
     if two_d:
@@ -181,13 +240,15 @@ def _plain(value: Any) -> bool:
     return isinstance(value, tuple) and all(type(v) in _PLAIN_VALUES for v in value)
 
 
+_MISSING = object()
 _WEIGHT = object()  # marks a [hidden] tensor's dtype in a key (a row tensor's stands alone)
 _ONE = object()  # marks a one-element tensor's rank and dtype in a key
 
 
-def _build(fam: Family, x: torch.Tensor, tensors: list[torch.Tensor],
-           args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any] | None:
-    """The artifact for this call's key, or None (logged) where it cannot be built."""
+def _build(fam: Family, x: torch.Tensor, tensors: list[torch.Tensor], args: tuple[Any, ...],
+           kwargs: dict[str, Any], dynamic_hidden: bool) -> Any:
+    """The artifact for this call's key (a ``_Widths`` when ``dynamic_hidden``), or None (logged)
+    where it cannot be built."""
     global compiles, _missing_logged
     form = fam.form
     compile_fn = getattr(torch._inductor, "standalone_compile", None) if _import_inductor() else None
@@ -198,7 +259,7 @@ def _build(fam: Family, x: torch.Tensor, tensors: list[torch.Tensor],
                         "compiled tier calls torch.compile's code through Dynamo", torch.__version__)
         return None
     try:
-        art = _compile(compile_fn, form, fam.options, tensors, args, kwargs)
+        art = _compile(compile_fn, form, fam.options, tensors, args, kwargs, dynamic_hidden)
     except Exception:  # noqa: BLE001  (an internal API: any failure means the Dynamo path, said once)
         log.warning("customop: standalone_compile failed for %s (%s, hidden %d); its calls use "
                     "torch.compile through Dynamo", getattr(form, "__name__", form), x.dtype, x.shape[-1],
@@ -218,38 +279,26 @@ def _import_inductor() -> bool:
 
 def _compile(compile_fn: Callable[..., Any], form: Callable[..., Any], options: dict[str, Any],
              tensors: list[torch.Tensor], args: tuple[Any, ...],
-             kwargs: dict[str, Any] | None = None) -> Callable[..., Any] | None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-
-    rows = tensors[0].shape[0]
-    mode = FakeTensorMode(shape_env=ShapeEnv())
-
-    def fake(t: torch.Tensor) -> torch.Tensor:
-        # rows dynamic (from two rows up; the call's own count is the size hint, as with Dynamo),
-        # hidden static; tensors of equal rows share one symbol (duck sizing)
-        dims = [DimDynamic.DUCK if rows > 1 and t.dim() == 2 and d == 0 else DimDynamic.STATIC
-                for d in range(t.dim())]
-        return mode.from_tensor(t.detach(), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
-
-    fakes = [fake(t) for t in tensors]
-    slots = [i for i, a in enumerate(args) if isinstance(a, _Tensor)]
-
-    def graph(x: torch.Tensor, *ts: torch.Tensor) -> Any:
-        full = list(args)
-        for i, t in zip(slots, ts):
-            full[i] = t
-        return form(x, *full, **(kwargs or {}))
-
-    with torch.no_grad():  # an inference graph (the guards keep autograd away from it)
-        gm = make_fx(graph, tracing_mode="fake")(*fakes)
+             kwargs: dict[str, Any] | None = None, dynamic_hidden: bool = False) -> Any:
+    rows, hidden = tensors[0].shape
+    quantum = 1
+    gm, mode, fakes = _trace(form, tensors, args, kwargs or {}, dynamic_hidden, 1)
+    if dynamic_hidden:
+        # traced as ``quantum`` x a symbol where the graph needs a multiple (the gated split: 2,
+        # per-group quant: the group size): index arithmetic without floor divisions by it, which
+        # ran per-group quant 1.7-2.4x slower than a per-width artifact
+        quantum = _width_quantum(mode.shape_env, _symbol(fakes[1].shape[0]), _symbol(fakes[0]), hidden)
+        if quantum > 1:
+            gm, mode, fakes = _trace(form, tensors, args, kwargs or {}, dynamic_hidden, quantum)
     why = _not_functional(gm)
     if why:
         log.info("customop: the %s graph %s; its calls use torch.compile through Dynamo",
                  getattr(form, "__name__", form), why)
         return None
-    if rows > 1 and not _rows_unconstrained(mode.shape_env, fakes[0].shape[0]):
+    x_fake = fakes[1] if dynamic_hidden else fakes[0]
+    rows_sym = _symbol(x_fake.shape[0])
+    width_sym = _symbol(fakes[0]) if dynamic_hidden else None  # hidden // quantum
+    if not _rows_unconstrained(mode.shape_env, rows_sym, width_sym, hidden // quantum):
         log.warning("customop: the %s graph constrains its rows beyond >= 2; its calls use torch.compile "
                     "through Dynamo", getattr(form, "__name__", form))
         return None
@@ -257,21 +306,137 @@ def _compile(compile_fn: Callable[..., Any], form: Callable[..., Any], options: 
     # on torch 2.8 (make_fx records "val", not "example_value")
     context = torch._guards.TracingContext(mode)
     with torch._guards.tracing(context), torch._inductor.config.patch(options), torch.no_grad():
-        return compile_fn(gm, fakes, dynamic_shapes="from_tracing_context")
+        art = compile_fn(gm, fakes, dynamic_shapes="from_tracing_context")
+    # Inductor may guard too while it lowers (the shape environment is the trace's): checked again
+    if not _rows_unconstrained(mode.shape_env, rows_sym, width_sym, hidden // quantum):
+        log.warning("customop: Inductor's %s code constrains its rows beyond >= 2; its calls use "
+                    "torch.compile through Dynamo", getattr(form, "__name__", form))
+        return None
+    if not dynamic_hidden:
+        return art
+    if width_sym is None:  # specialised: this width only
+        import sympy
+
+        return _Widths(art, [sympy.false], None, None, quantum, hidden)
+    guards = [g.expr for g in mode.shape_env.guards if width_sym in g.expr.free_symbols]
+    return _Widths(art, guards, rows_sym, width_sym, quantum, hidden)
 
 
-def _rows_unconstrained(shape_env: Any, rows: Any) -> bool:
-    """Whether every guard the trace recorded holds for every row count from 2 up (the norms record
-    ``rows >= 2`` / ``rows != 1`` at most): the artifact then serves all of them. Tested on sample
-    counts: each guard is an expression in the one rows symbol."""
-    sym = rows.node.expr
-    for guard in shape_env.guards:
-        if guard.expr.free_symbols - {sym}:  # another symbol: the tensors' rows were not one
+def _trace(form: Callable[..., Any], tensors: list[torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any],
+           dynamic_hidden: bool, quantum: int) -> tuple[Any, Any, list[Any]]:
+    """``make_fx`` of ``form`` on fake tensors: the rows symbolic from two rows up (the call's own
+    count is the size hint, as with Dynamo; tensors of x's rows share the symbol), the rest static
+    except, with ``dynamic_hidden``, the width: x's last dim in x, the row tensors and the
+    ``[hidden]`` weight, ``quantum`` times a symbol of its own. That symbol is the graph's first
+    input (an int: the call passes ``hidden // quantum``), so that the code indexes by
+    ``quantum * w`` rather than dividing a width by ``quantum``. Returns the graph, its fake mode
+    and its example inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    rows, hidden = tensors[0].shape
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    slots = [i for i, a in enumerate(args) if isinstance(a, _Tensor)]
+
+    def call(ts: tuple[torch.Tensor, ...]) -> Any:
+        full = list(args)
+        for i, t in zip(slots, ts[1:]):
+            full[i] = t
+        return form(ts[0], *full, **kwargs)
+
+    if not dynamic_hidden:
+        def fake(t: torch.Tensor) -> torch.Tensor:
+            # equal sizes share one symbol (duck sizing): x and the row tensors, one rows symbol
+            dims = [DimDynamic.DUCK if rows > 1 and t.dim() == 2 and d == 0 else DimDynamic.STATIC
+                    for d in range(t.dim())]
+            return mode.from_tensor(t.detach(), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
+
+        fakes: list[Any] = [fake(t) for t in tensors]
+
+        def graph(*ts: torch.Tensor) -> Any:
+            return call(ts)
+    else:
+        from torch._dynamo.source import ConstantSource
+
+        env = mode.shape_env
+
+        def symbol(name: str, hint: int) -> Any:  # a size symbol of its own (no duck sizing)
+            expr = env.create_symbol(hint, source=ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
+            return env.create_symintnode(expr, hint=hint, source=ConstantSource(name))
+
+        width = symbol("customop_width", hidden // quantum)
+        row_size = symbol("customop_rows", rows) if rows > 1 else 1
+
+        def fake(t: torch.Tensor) -> Any:
+            shape: list[Any] = list(t.shape)
+            if t.dim() == 2:
+                shape[0] = row_size
+            if t.dim() >= 1 and t.shape[-1] == hidden:
+                shape[-1] = quantum * width
+            with mode:
+                return torch.empty(shape, dtype=t.dtype)
+
+        fakes = [width, *(fake(t) for t in tensors)]
+
+        def graph(w: Any, *ts: torch.Tensor) -> Any:
+            return call(ts)
+
+    with torch.no_grad():  # an inference graph (the guards keep autograd away from it)
+        gm = make_fx(graph, tracing_mode="fake")(*fakes)
+    return gm, mode, fakes
+
+
+def _width_quantum(shape_env: Any, rows: Any, width: Any, hidden: int) -> int:
+    """The power of two the trace's guards require the width to be a multiple of (2 for the gated
+    split, the group size for per-group quant; 1 for none), at most ``hidden / 2``: doubled while
+    the guards fail at ``hidden + quantum`` and ``hidden`` is a multiple of the double."""
+    if width is None:
+        return 1
+    guards = [g.expr for g in shape_env.guards if width in g.expr.free_symbols]
+    quantum = 1
+    while hidden % (2 * quantum) == 0 and hidden // (2 * quantum) >= 2 and \
+            not _holds(guards, rows, width, hidden + quantum):
+        quantum *= 2
+    return quantum
+
+
+def _symbol(size: Any) -> Any:
+    """The sympy symbol of a traced size, or None where it is static."""
+    expr = getattr(getattr(size, "node", None), "expr", None)
+    return expr if getattr(expr, "is_Symbol", False) else None
+
+
+#: the row counts every guard must hold for (an artifact serves rows >= 2, each guard an
+#: expression in the rows and width symbols)
+_ROW_SAMPLES = (2, 3, 7, 64, 4231, 2**31 - 1)
+
+
+def _holds(guards: list[Any], rows: Any, width: Any, n: int) -> bool:
+    """Whether every guard holds at width ``n`` (``width``: its symbol, None for a static width)
+    for every sample row count (``rows``: its symbol, None for a one-row graph). A guard in any
+    other symbol, or one sympy cannot decide, fails."""
+    for expr in guards:
+        if width is not None:
+            expr = expr.xreplace({width: n})
+        if expr.free_symbols - {rows}:
             return False
-        for n in (2, 3, 7, 64, 4231, 2**31 - 1):
-            if not bool(guard.expr.xreplace({sym: n})):
+        for r in (_ROW_SAMPLES if rows is not None and expr.free_symbols else (None,)):
+            try:
+                if not bool(expr if r is None else expr.xreplace({rows: r})):
+                    return False
+            except TypeError:
                 return False
     return True
+
+
+def _rows_unconstrained(shape_env: Any, rows: Any, width: Any = None, hidden: int = 0) -> bool:
+    """Whether every guard the trace recorded holds for every row count from 2 up (the norms record
+    ``rows >= 2`` / ``rows != 1`` at most) at the traced width: the artifact then serves all of
+    them. Tested on sample counts: each guard is an expression in the rows symbol and, with a
+    symbolic width, the width symbol (substituted first); any other symbol (the tensors' rows were
+    not one) fails."""
+    return _holds([g.expr for g in shape_env.guards], rows, width, hidden)
 
 
 def _not_functional(gm: torch.fx.GraphModule) -> str | None:

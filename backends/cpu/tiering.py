@@ -37,7 +37,9 @@ class CpuTiers:
             serves every token count (no compile per new batch size on the request path). Dynamo
             still gives one-token inputs a graph of their own (it specialises size 1).
         dynamic_hidden: mark the last (hidden) dim dynamic too. False: one graph per hidden size,
-            which is a model constant (the norms: the graph their benchmarks measured).
+            which is a model constant (the norms: the graph their benchmarks measured). The
+            standalone route follows it: width-symbolic artifacts, checked against their width
+            guards once per new width, or one artifact per width.
         feature_dims: how many trailing dims of the tiered tensor are not token dims (without
             ``rows``): 1 for ``[..., hidden]``, 2 for ``[..., heads, head_size]``; a tensor of no
             more dims than this is all token dims (rotary's positions).
@@ -99,7 +101,7 @@ class CpuTiers:
         hit = self._families.get(fn)
         if hit is not None and hit[1] is compiled_form:
             return hit[0]
-        fam = standalone.family(*self.form(fn))
+        fam = standalone.family(*self.form(fn), dynamic_hidden=self.dynamic_hidden)
         self._families[fn] = (fam, compiled_form)
         return fam
 

@@ -12,7 +12,6 @@ The math itself (the spec) is in ``customop/math/activation.py`` and re-exported
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -70,16 +69,21 @@ STATS_KERNELS_MIN_NUMEL = 1 << 11
 NEVER_COMPILE = math.inf
 
 
-#: The standalone route (backends/cpu/standalone.py: the compiled tier called without Dynamo's
-#: ~20-40 us a call, which the norms take) stays off for the activations: its artifacts are per
-#: width, and ``customop.warmup`` cannot know an activation's width (it warms the Dynamo graph,
-#: dynamic in the width, at 256), so the route would compile on the first request of each real
-#: width. Measured with it on (benchmarks/results/cpu_activation.md, 2026-12-02): 1.01-1.92x
-#: compile wherever compiled, with lower thresholds. Turning it on needs width-dynamic artifacts.
+#: mul_and_silu, gelu_and_mul, fatrelu_and_mul (silu_and_mul measured the same) since the
+#: standalone route (issue 18: the compiled call without Dynamo's ~20-40 us): compiled beats their
+#: in-place eager tier from
+#: 16x8192 in bf16 (41-56 vs 44-63 us, 2 threads) and from 64x8192 in fp32 (71-177 vs 88-174);
+#: at 1-4 rows eager still ties or wins (benchmarks/results/cpu_activation.md, 2026-12-02).
+#: The route's artifacts are dynamic in the width (``CpuTiers.dynamic_hidden``, as the Dynamo
+#: graphs are): ``customop.warmup`` cannot know an activation's width, and its width-256 inputs
+#: build artifacts that serve every width (BENCHMARKS.md, "the standalone route beyond the norms").
+GATED_FEW_KERNELS_FP32_MIN_NUMEL = 1 << 19
+GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL = 1 << 17
 
 
 def _low_precision_from(fp32_and_fp64: int, bf16_and_fp16: int) -> CpuTiers:
-    return CpuTiers(fp32_and_fp64, by_dtype={torch.bfloat16: bf16_and_fp16, torch.float16: bf16_and_fp16})
+    return CpuTiers(fp32_and_fp64, by_dtype={torch.bfloat16: bf16_and_fp16, torch.float16: bf16_and_fp16},
+                    standalone=True)
 
 
 # ---- the ops ----------------------------------------------------------------------------------
@@ -104,7 +108,7 @@ class _Activation(CustomOp):
     eager_fn: ClassVar[Callable[..., torch.Tensor] | None] = None
     gated: ClassVar[bool] = False
     compile_native_default: ClassVar[bool] = False
-    cpu_tiers: ClassVar[CpuTiers] = CpuTiers(FEW_KERNELS_MIN_NUMEL)
+    cpu_tiers: ClassVar[CpuTiers] = CpuTiers(FEW_KERNELS_MIN_NUMEL, standalone=True)
     repr_fields: ClassVar[tuple[str, ...]] = ()  # constructor arguments shown by print(module)
 
     def __init__(self, *, enforce_enable: bool = False, compile_native: bool | None = None) -> None:
@@ -144,6 +148,9 @@ class SiluAndMul(_Activation):
     math_fn = staticmethod(silu_and_mul)
     eager_fn = staticmethod(eager.silu_and_mul)
     gated = True
+    #: with the route on, 1.16-1.34x compile from 16x8192 bf16 and 64x8192 fp32, the other gated
+    #: ops' thresholds (benchmarks/results/cpu_activation.md, 2026-12-02)
+    cpu_tiers = _low_precision_from(GATED_FEW_KERNELS_FP32_MIN_NUMEL, GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL)
     compile_native_default = True
 
 
@@ -154,6 +161,7 @@ class MulAndSilu(_Activation):
     math_fn = staticmethod(mul_and_silu)
     eager_fn = staticmethod(eager.mul_and_silu)
     gated = True
+    cpu_tiers = _low_precision_from(GATED_FEW_KERNELS_FP32_MIN_NUMEL, GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL)
 
 
 @CustomOp.register("gelu_and_mul")
@@ -163,6 +171,7 @@ class GeluAndMul(_Activation):
     math_fn = staticmethod(gelu_and_mul)
     eager_fn = staticmethod(eager.gelu_and_mul)
     gated = True
+    cpu_tiers = _low_precision_from(GATED_FEW_KERNELS_FP32_MIN_NUMEL, GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL)
     repr_fields = ("approximate",)
 
     def __init__(self, approximate: str = "none", **kwargs: Any) -> None:
@@ -184,10 +193,10 @@ class GeluAndMulSparse(_Activation):
     gated = True
     # fp32 compiles from 2K (1.3x at 1x8192); bf16/fp16 keep 16K: there the compiled fp32 row
     # statistics move outputs near the cutoff beyond the tolerance against the bf16 spec
-    # hidden static (a model constant): the row statistics' reduction code is then the same through
-    # Dynamo and without it (backends/cpu/standalone.py), bitwise
-    cpu_tiers = dataclasses.replace(_low_precision_from(STATS_KERNELS_MIN_NUMEL, MANY_KERNELS_MIN_NUMEL),
-                                    dynamic_hidden=False)
+    # (statistics). The width is dynamic on both routes (customop.warmup cannot know it); the row
+    # statistics' reduction code is the same through Dynamo and without it
+    # (backends/cpu/standalone.py), bitwise
+    cpu_tiers = _low_precision_from(STATS_KERNELS_MIN_NUMEL, MANY_KERNELS_MIN_NUMEL)
     repr_fields = ("activation_sparsity", "approximate")
 
     def __init__(self, activation_sparsity: float, approximate: str = "none", **kwargs: Any) -> None:
@@ -213,6 +222,7 @@ class FatreluAndMul(_Activation):
     math_fn = staticmethod(fatrelu_and_mul)
     eager_fn = staticmethod(eager.fatrelu_and_mul)
     gated = True
+    cpu_tiers = _low_precision_from(GATED_FEW_KERNELS_FP32_MIN_NUMEL, GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL)
     repr_fields = ("threshold",)
 
     def __init__(self, threshold: float = 0.0, **kwargs: Any) -> None:
@@ -263,9 +273,10 @@ class SwigluStepAndMul(_Activation):
 
     math_fn = staticmethod(swiglustep_and_mul)
     gated = True
-    #: compiled wins from 16x8192 in bf16 (0.86x of eager's time) and 64x8192 in fp32 (0.65x); at
-    #: 16x8192 fp32 it loses (1.3x), one thread (benchmarks/results/cpu_activation.md)
-    cpu_tiers = _low_precision_from(1 << 19, 1 << 17)
+    #: through Dynamo compiled won from 16x8192 in bf16 and 64x8192 in fp32 (one thread); without
+    #: it (the standalone route, issue 18) from 4x8192 in both (24-28 vs 31-40 us, 2 threads)
+    #: (benchmarks/results/cpu_activation.md)
+    cpu_tiers = _low_precision_from(1 << 15, 1 << 15)
     repr_fields = ("limit",)
 
     def __init__(self, limit: float = 7.0, **kwargs: Any) -> None:
@@ -288,9 +299,10 @@ class SiluAndMulWithClamp(_Activation):
     math_fn = staticmethod(silu_and_mul_with_clamp)
     gated = True
     compile_native_default = True
-    #: compiled wins from 16x8192 in bf16 and 64x8192 in fp32, one thread
-    #: (benchmarks/results/cpu_activation.md)
-    cpu_tiers = _low_precision_from(1 << 19, 1 << 17)
+    #: through Dynamo compiled won from 16x8192 in bf16 and 64x8192 in fp32 (one thread); without
+    #: it (the standalone route, issue 18) from one 8192-wide row in bf16 (17-19 vs 30-34 us) and
+    #: from 4x8192 in fp32 (38-45 vs 44-65 us), 2 threads (benchmarks/results/cpu_activation.md)
+    cpu_tiers = _low_precision_from(1 << 15, 1 << 13)
     repr_fields = ("swiglu_limit", "alpha", "beta")
 
     def __init__(self, swiglu_limit: float, alpha: float = 1.0, beta: float = 0.0, **kwargs: Any) -> None:
@@ -318,7 +330,7 @@ class SituAndMul(_Activation):
     compile_native_default = True
     #: compiled and eager tie at 64x8192 (Inductor's fp32 tanh is no cheaper than ATen's) and
     #: compiled wins from 128x8192 (1.4x in fp32), one thread (benchmarks/results/cpu_activation.md)
-    cpu_tiers = CpuTiers(1 << 20)
+    cpu_tiers = CpuTiers(1 << 20, standalone=True)
     repr_fields = ("beta", "linear_beta")
 
     def __init__(self, beta: float = 1.0, linear_beta: float | None = None, **kwargs: Any) -> None:
@@ -361,7 +373,7 @@ class NewGELU(_Activation):
 
     math_fn = staticmethod(gelu_new)
     eager_fn = staticmethod(eager.gelu_new)
-    cpu_tiers = CpuTiers(MANY_KERNELS_MIN_NUMEL)
+    cpu_tiers = CpuTiers(MANY_KERNELS_MIN_NUMEL, standalone=True)
 
 
 @CustomOp.register("gelu_fast")
@@ -370,7 +382,7 @@ class FastGELU(_Activation):
 
     math_fn = staticmethod(gelu_fast)
     eager_fn = staticmethod(eager.gelu_fast)
-    cpu_tiers = CpuTiers(MANY_KERNELS_MIN_NUMEL)
+    cpu_tiers = CpuTiers(MANY_KERNELS_MIN_NUMEL, standalone=True)
 
 
 @CustomOp.register("quick_gelu")
@@ -398,7 +410,7 @@ class XIELU(_Activation):
     ``dtype`` too; the op uses their rounded values."""
 
     math_fn = staticmethod(xielu)
-    cpu_tiers = CpuTiers(STATS_KERNELS_MIN_NUMEL)
+    cpu_tiers = CpuTiers(STATS_KERNELS_MIN_NUMEL, standalone=True)
 
     def __init__(self, alpha_p_init: float = 0.8, alpha_n_init: float = 0.8, beta: float = 0.5,
                  eps: float = -1e-6, dtype: torch.dtype = torch.bfloat16,

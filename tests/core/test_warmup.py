@@ -1,6 +1,7 @@
 """No compile on the request path: the CPU compiled tiers' first graph serves every token count
 (one-token inputs get one graph of their own), and ``customop.warmup`` builds those graphs at
-start-up from small inputs. Compiles are counted with Dynamo's own counter (one per graph)."""
+start-up from small inputs. Compiles are counted on both routes of the compiled tier: Dynamo's
+own counter (one per graph) and the standalone route's artifacts (``standalone.compiles``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from torch._dynamo.utils import counters
 
 import customop
 from customop import Config, CustomOp, use_config
-from customop.backends.cpu import compile_cache
+from customop.backends.cpu import compile_cache, standalone
+from customop.ops import activation as A
 from customop.ops.activation import SiluAndMul
 from customop.ops.layernorm import RMSNorm
 from customop.ops.quantization import GroupShape, QuantFP8
@@ -20,7 +22,8 @@ from customop.testing import assert_close
 
 
 def graphs() -> int:
-    return counters["stats"]["unique_graphs"]
+    """Compiles on either route: Dynamo's graphs and the standalone route's artifacts."""
+    return counters["stats"]["unique_graphs"] + standalone.compiles
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +83,8 @@ def test_norm_rotary_and_quant_compile_once_per_shape_class(monkeypatch):
 
 
 def test_warmup_compiles_before_the_first_request():
-    """SiluAndMul compiles from 2M elements: warmup builds that graph from a 16 x 256 input."""
+    """SiluAndMul compiles from 512K fp32 elements: warmup builds that artifact from a 16 x 256
+    input."""
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
@@ -160,3 +164,28 @@ def test_apply_rotary_compiles_once_per_shape_class(monkeypatch):
         x, cos, sin = torch.randn(s, 4, 32), torch.rand(s, 16), torch.rand(s, 16)
         assert_close(op(x, cos, sin), op.forward_native(x, cos, sin), torch.float32)
     assert graphs() - before == 1
+
+
+@pytest.mark.slow
+def test_warmup_covers_every_width_of_the_activations_and_quant():
+    """Activations and QuantFP8 cannot tell warmup their width: their graphs and standalone
+    artifacts are dynamic in it, so warming at its default width leaves no compile for requests
+    of any width (odd, 4K-ish, 2 x 14336) and row count, one row included where one row reaches
+    the threshold (silu_and_mul_with_clamp compiles from 8K bf16 elements)."""
+    ops = {"gated": enabled(A.SiluAndMulWithClamp, 7.0, 1.702, 1.0), "gelu_new": enabled(A.NewGELU),
+           "per-group quant": enabled(QuantFP8, False, GroupShape(1, 128))}
+    rows = customop.warmup(list(ops.values()), dtypes=(torch.bfloat16,))
+    assert all(r.outcome == "ran" for r in rows)
+    before = graphs()
+    widths = {"gated": (7 * 2, 4232, 14336 * 2), "gelu_new": (7, 4231, 14336), "per-group quant": (384, 4224, 14336)}
+    with torch.no_grad():
+        for name, op in ops.items():
+            for width in widths[name]:
+                for tokens in (1, 3, 40):
+                    x = torch.randn(tokens, width).to(torch.bfloat16)
+                    got, want = op(x), op.forward_native(x)
+                    if name == "per-group quant":
+                        assert torch.equal(got[1], want[1]) and torch.equal(got[0].float(), want[0].float())
+                    else:
+                        assert_close(got, want, torch.bfloat16)
+                    assert graphs() == before, (name, width, tokens)

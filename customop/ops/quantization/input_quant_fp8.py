@@ -34,12 +34,14 @@ from customop.ops.quantization.group_shape import GroupShape
 #: milliseconds per call at 2x4096-4x4096, where eager runs single-threaded. From 16x4096 up
 #: both use the threads and compiled is 2-8x faster. The scales' shapes follow x's leading
 #: dims, so x is not flattened to rows; its token and hidden dims are dynamic from the start.
-#: Issue 18: the standalone route (the compiled tier without Dynamo, 2-D x) measured 1.23-11x
-#: compile (benchmarks/results/cpu_quant.md, 2026-12-02) but stays off: its artifacts are per
-#: width, which ``customop.warmup`` (warming at width 256) cannot know, so a request would compile.
-#: Without Dynamo's call compiled beat eager from 1x128 on a quiet machine, but under load the
-#: artifacts stalled 3-11 ms at 1x4096 (the OpenMP wait above), so the threshold would stay anyway.
-QUANT_CPU_TIERS = CpuTiers(1 << 16, rows=False, standalone=False)
+#: Issue 18: the compiled tier runs without Dynamo (``standalone``, 2-D x). Without Dynamo's call
+#: compiled beat the eager tier at every size from 1x128 on a quiet machine (25 vs 45 us at
+#: 1x128, 36 vs 77 at 4x4096, load ~1), but with other work on both cores the same artifacts
+#: stalled for 3-11 ms at 1x4096 (the OpenMP wait above; eager 37-56 us), so the threshold
+#: stayed (benchmarks/results/cpu_quant.md, 2026-12-02). Its artifacts are dynamic in the width
+#: (``dynamic_hidden``, per group traced as group size x a symbol), so ``customop.warmup``'s
+#: width-256 inputs cover every width; one per width was what kept the route off before.
+QUANT_CPU_TIERS = CpuTiers(1 << 16, rows=False, standalone=True)
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

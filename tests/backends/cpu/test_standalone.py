@@ -250,3 +250,51 @@ def test_warmup_builds_the_artifacts():
             assert_close(op(x), ref_rms_norm(x, op.weight, op.eps), torch.bfloat16)
             assert_close(op(x, x), ref_fused_add(x, x, op.weight, op.eps), torch.bfloat16)
         assert standalone.compiles == built and graphs() == before
+
+
+def _scaled_sum(x, residual, weight):
+    return (x + residual) * weight
+
+
+def _pairs(x):
+    return x.reshape(-1, 2, x.shape[-1]).sum(1)  # constrains the rows: an even count
+
+
+def _fours(x):
+    return x.reshape(-1, 4) * 2  # the rows times the width: a multiple of 4
+
+
+@pytest.mark.slow
+def test_width_dynamic_families():
+    """``dynamic_hidden`` (the activations, QuantFP8): x, the row tensors and the ``[hidden]``
+    weight share one width symbol, the rows another, also when the first call's row count equals
+    its width; a guard on the rows alone refuses the graph at every width; a guard in both
+    symbols is checked per width (for every row count): the width is traced as a multiple of what
+    the guards need (4 here, ``quantum``), and a width that fails them gets its own artifact (here
+    refused too: Dynamo's path), never the shared one."""
+    fam = standalone.family(_scaled_sum, {}, dynamic_hidden=True)
+    built = standalone.compiles
+    for rows, width in ((16, 16), (5, 40), (3, 7), (16, 16)):
+        x, r, w = (randn(rows, width, dtype=torch.float32, seed=s) for s in (1, 2, 3))
+        w = w[0].contiguous()
+        assert torch.equal(standalone.run(fam, x, (r, w)), (x + r) * w), (rows, width)
+    assert standalone.compiles - built == 1
+    (art,) = fam.artifacts.values()
+    assert isinstance(art, standalone._Widths) and art.quantum == 1
+    assert art.verdicts == {16: True, 40: True, 7: True}
+
+    built = standalone.compiles
+    pairs = standalone.family(_pairs, {}, dynamic_hidden=True)
+    assert standalone.run(pairs, torch.randn(4, 8), ()) is None
+    assert standalone.run(pairs, torch.randn(6, 12), ()) is None  # remembered: refused, not rebuilt
+    assert standalone.compiles - built == 1
+
+    fours = standalone.family(_fours, {}, dynamic_hidden=True)
+    for rows, width in ((2, 8), (3, 12), (7, 16)):
+        x = torch.randn(rows, width)
+        assert torch.equal(standalone.run(fours, x, ()), x.reshape(-1, 4) * 2)
+    assert standalone.compiles - built == 2
+    assert standalone.run(fours, torch.randn(2, 6), ()) is None  # 6 x 3 rows is no multiple of 4
+    assert standalone.compiles - built == 3  # its own artifact, refused for its rows (Dynamo's path)
+    (art,) = [a for a in fours.artifacts.values() if isinstance(a, standalone._Widths)]
+    assert art.quantum == 4 and art.verdicts == {8: True, 12: True, 16: True, 6: False}

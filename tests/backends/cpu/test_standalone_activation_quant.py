@@ -2,8 +2,10 @@
 and QuantFP8's compiled tiers. Fresh random inputs at 1, 7 and 4231 rows in every dtype the ops
 take, against the float64 references and bitwise against the Dynamo path it replaces; one
 artifact for every token count of two or more (one more for one token), no Dynamo graph while the
-guards hold; guard failures (including a graph that returns an input, QuantFP8's static scale,
-and x of another rank where the outputs do not follow x's rows) fall back with the right result."""
+guards hold; one artifact for every width too (the width is symbolic in these ops' traces, its
+guards checked once per new width: a width that fails one gets an artifact of its own); guard
+failures (including a graph that returns an input, QuantFP8's static scale, and x of another rank
+where the outputs do not follow x's rows) fall back with the right result."""
 
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ def via_dynamo(op):
 
 
 def act_op(label):
-    """The op compiling from one element, the route on (the activations ship without it)."""
+    """The op compiling from one element, the route on (as shipped)."""
     with use_config(Config(custom_ops=["all"])):
         op = ACT[label].build()
     op.cpu_tiers = dataclasses.replace(op.cpu_tiers.compiling_from(1), standalone=True)
@@ -58,7 +60,7 @@ def act_op(label):
 
 
 def quant_op(label):
-    """The op compiling from one element, the route on (QuantFP8 ships without it)."""
+    """The op compiling from one element, the route on (as shipped)."""
     with use_config(Config(custom_ops=["all"])):
         op = quant_ref.build(QUANT[label], FP8)
     op.cpu_tiers = dataclasses.replace(op.cpu_tiers.compiling_from(1), standalone=True)
@@ -72,15 +74,15 @@ def act_input(label, rows, dtype, seed, width=D):
 
 
 def test_tiers_wiring():
-    # the route is off by default for the activations and QuantFP8: their artifacts are per width,
-    # which customop.warmup cannot know (the norms know theirs from the weight)
+    # the route is on for every compiled activation (swigluoai_and_mul compiles a de-interleaved
+    # copy: Dynamo's path) and QuantFP8, width-dynamic: customop.warmup cannot know their widths
     compiled = [A.SiluAndMul, A.MulAndSilu, A.GeluAndMul, A.GeluAndMulSparse, A.FatreluAndMul, A.SwigluStepAndMul,
                 A.SiluAndMulWithClamp, A.SituAndMul, A.NewGELU, A.FastGELU, A.QuickGELU, A.ReLUSquaredActivation,
                 A.XIELU, A.SwigluOAIAndMul]
-    assert not any(cls.cpu_tiers.standalone for cls in compiled)
-    assert not input_quant_fp8.QUANT_CPU_TIERS.standalone and not input_quant_fp8.QUANT_CPU_TIERS.rows
-    # the sparse op's row statistics: the same (static-hidden) reduction code on both paths
-    assert not A.GeluAndMulSparse.cpu_tiers.dynamic_hidden
+    assert all(cls.cpu_tiers.standalone and cls.cpu_tiers.dynamic_hidden for cls in compiled)
+    tiers = input_quant_fp8.QUANT_CPU_TIERS
+    assert tiers.standalone and tiers.dynamic_hidden and not tiers.rows
+    assert A.SiluAndMul.cpu_tiers.standalone_family(A.silu_and_mul).dynamic_hidden
 
 
 @pytest.mark.slow
@@ -178,15 +180,16 @@ def test_one_artifact_serves_every_token_count():
         out = op.forward_cpu(x)
         assert out.shape == (3, 5, D) and torch.equal(out.flatten(0, 1), op.forward_cpu(x.flatten(0, 1)))
         assert standalone.compiles - built == 4 and graphs() == before
-        # another width or another argument value: a new artifact, not a reused one
+        # another width: the same artifact (the width is symbolic); another argument value: a new one
         x = act_input("silu_and_mul", 6, torch.bfloat16, seed=6, width=D + 2)
         act_ref.assert_matches(ACT["silu_and_mul"], op, x, op.forward_cpu(x))
+        assert standalone.compiles - built == 4
         fat = act_op("fatrelu_and_mul")
         x = act_input("fatrelu_and_mul", 6, torch.float32, seed=6)
         act_ref.assert_matches(ACT["fatrelu_and_mul"], fat, x, fat.forward_cpu(x))
         fat.threshold = -0.5
         act_ref.assert_matches(ACT["fatrelu_and_mul"], fat, x, fat.forward_cpu(x))
-        assert standalone.compiles - built == 7 and graphs() == before
+        assert standalone.compiles - built == 6 and graphs() == before
         # 3-D x for QuantFP8 (no ``rows``: its scales need not follow x's rows): Dynamo's path
         xq = QUANT["per-group 128"].input((3, 5, 1024), torch.bfloat16, generator=torch.Generator().manual_seed(3))
         q, scale = quant.forward_cpu(xq)
@@ -194,7 +197,78 @@ def test_one_artifact_serves_every_token_count():
         assert q.shape == xq.shape and scale.shape == (3, 5, 8)
         assert torch.equal(q.flatten(0, 1).view(torch.uint8), q2.view(torch.uint8))
         assert torch.equal(scale.flatten(0, 1), scale2)
-        assert standalone.compiles - built == 7 and graphs() > before
+        assert standalone.compiles - built == 6 and graphs() > before
+
+
+def _verdicts(fam):
+    """width -> verdict of the family's width-dynamic artifacts (rows >= 2 and one row)."""
+    return [art.verdicts for art in fam.artifacts.values() if isinstance(art, standalone._Widths)]
+
+
+#: (label, widths, the dtype): the gated ops read twice the width; 7 and 4231 odd, 1 the gated
+#: split to one column (which its guards exclude: ``Ne(w // 2, 1)``)
+WIDTH_CASES = [("silu_and_mul", (7, 4231, 64), torch.bfloat16), ("gelu_new", (7, 4231, 64), torch.float32),
+               ("xielu", (7, 4231), torch.bfloat16)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label,widths,dtype", WIDTH_CASES, ids=[c[0] for c in WIDTH_CASES])
+def test_one_artifact_serves_every_width(label, widths, dtype):
+    """Odd and 4K-ish widths at 3 rows and one row: one artifact for each (built at the first
+    width), no Dynamo graph, within tolerance of the float64 reference and bitwise the Dynamo
+    path's (whose graph is dynamic in the width too)."""
+    op = act_op(label)
+    before, built = graphs(), standalone.compiles
+    got = []
+    with torch.no_grad():
+        for width in widths:
+            for rows in (3, 1) if label != "xielu" else (3,):
+                x = act_input(label, rows, dtype, seed=width + rows, width=width)
+                got.append((x, op.forward_cpu(x)))
+                act_ref.assert_matches(ACT[label], op, x, got[-1][1], spec_rounding=True)
+        assert standalone.compiles - built == (2 if label != "xielu" else 1) and graphs() == before
+        fam = op.cpu_tiers.standalone_family(type(op).math_fn)
+        read = {2 * w if ACT[label].gated else w for w in widths}  # x's width: the verdicts' key
+        assert all(set(v) == read and all(v.values()) for v in _verdicts(fam))
+        dynamo = via_dynamo(op)
+        for x, out in got:
+            assert torch.equal(out, dynamo.forward_cpu(x)), tuple(x.shape)
+        if ACT[label].gated:
+            # a width its artifact's guards exclude (one output column): an artifact of its own
+            x = act_input(label, 3, dtype, seed=1, width=1)
+            out = op.forward_cpu(x)
+            act_ref.assert_matches(ACT[label], op, x, out, spec_rounding=True)
+            assert torch.equal(out, dynamo.forward_cpu(x))
+            assert standalone.compiles - built == 3 and any(v.get(2) is False for v in _verdicts(fam))
+            op.forward_cpu(x)
+            assert standalone.compiles - built == 3  # remembered: no check and no build again
+
+
+@pytest.mark.slow
+def test_quant_one_artifact_serves_every_width():
+    """Per-group 128 at widths of 2, 33 and 8 groups: one artifact (traced as 128 x a width symbol,
+    which is at least 2), q and the scales exactly the reference's and the Dynamo path's; one
+    group (width 128) and a width of no whole group (200, which the spec pads) get artifacts of
+    their own (or the Dynamo path), never the shared one."""
+    label = "per-group 128"
+    case, op = QUANT[label], quant_op(label)
+    dynamo = via_dynamo(op)
+    before, built = graphs(), standalone.compiles
+    got = {}
+    with torch.no_grad():
+        for width in (256, 4224, 1024, 128, 200):
+            x = case.input((3, width), torch.float32, generator=torch.Generator().manual_seed(width))
+            got[width] = x, op.forward_cpu(x)
+            quant_ref.check_against_reference(case, x, got[width][1], FP8, {})
+            if width == 1024:
+                assert standalone.compiles - built == 1 and graphs() == before
+        for width in (256, 4224, 128):  # bitwise the Dynamo path (a sample: its graphs take seconds)
+            x, (q, scale) = got[width]
+            q2, scale2 = dynamo.forward_cpu(x)
+            assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(scale, scale2), width
+    fam = op.cpu_tiers.standalone_family(input_quant_fp8.quant_fp8)
+    (verdicts,) = _verdicts(fam)
+    assert verdicts == {256: True, 4224: True, 1024: True, 128: False, 200: False}
 
 
 class _Sub(torch.Tensor):
