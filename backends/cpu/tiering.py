@@ -147,6 +147,13 @@ def _below_threshold(tiers: CpuTiers, x: torch.Tensor) -> bool:
 _is_compiling = torch.compiler.is_compiling
 
 
+def _has_neg_bit(x: torch.Tensor, args: tuple[Any, ...]) -> bool:
+    """Whether x or a tensor argument carries the lazy negation bit (``torch._neg_view``, the
+    real view of a conjugate): torch.compile (2.13) reads such inputs without the negation, so
+    those calls run the spec eagerly instead (the standalone route refuses them too)."""
+    return x.is_neg() or any(isinstance(a, torch.Tensor) and a.is_neg() for a in args)
+
+
 def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args: Any,
                eager: Callable[..., Any] | None = None, compiled_spec: Callable[..., Any] | None = None,
                prepare: Callable[[torch.Tensor], torch.Tensor] | None = None, static: tuple[Any, ...] | None = None,
@@ -181,6 +188,8 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
                              two_d_only=not tiers.rows)
         if out is not None:
             return out
+    if _has_neg_bit(x, args):
+        return spec(x, *args, **kwargs)
     fn = tiers.compiled(compiled_spec or spec)
     if prepare is not None:
         x = prepare(x)
