@@ -1,5 +1,6 @@
 """The compiled tier without Dynamo: Inductor artifacts behind our own guards (issue 18). Used by
-the RMSNorm family, the activations and QuantFP8 (``CpuTiers.standalone``).
+the RMSNorm family, the activations, QuantFP8 (``run``) and RotaryEmbedding (``run_tokens``:
+a 1-D token tensor first) (``CpuTiers.standalone``).
 
 Why. At decode sizes a norm's kernel takes a few microseconds, and Dynamo's call path (its guards,
 the AOT wrapper, ``set_eval_frame``) ~20-40 us on the 2-core CI box: both ``forward_cpu`` and
@@ -229,6 +230,66 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
     return out.view(*shape[:-1], out.shape[-1])
 
 
+def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
+               kwargs: dict[str, Any] | None = None) -> Any:
+    """``fam.form(tokens, *args, **kwargs)`` through its artifact for specs whose first argument is
+    a 1-D token tensor (rotary's positions ``[T]``), or None where a guard fails (the caller then
+    takes the Dynamo path). Every tensor: plain, on the CPU, contiguous, no negation bit, autograd
+    not recording for it. Tensor arguments of at least 2 dims that start with ``T`` (query, key)
+    share the token symbol (static in every other dim: the head counts, the head size); the others
+    (the cos/sin cache) are static: their whole shape is in the key, as is whether each tensor
+    argument took the token symbol, so a cache whose length happens to equal ``T`` gets an
+    artifact of its own. At least one ``[T, ...]`` argument is required (else: None). Non-tensor
+    arguments as in ``run``. One artifact serves every ``T`` of two or more, one more ``T == 1``."""
+    if (type(tokens) not in _PLAIN or tokens.dim() != 1 or _dispatch_modes() or _function_modes()
+            or _transform() is not None or _jit_tracing() is not None or _autocast()):
+        return None
+    grad = _grad()
+    count = tokens.shape[0]
+    if (not count or not tokens.is_cpu or not tokens.is_contiguous() or tokens.is_neg()
+            or (grad and tokens.requires_grad)):
+        return None
+    tensors = [tokens]
+    key: list[Any] = [_TOKENS, tokens.dtype, count == 1]
+    per_token = False
+    for a in args:
+        kind = type(a)
+        if kind is _Tensor or kind is _Parameter:
+            if not a.is_cpu or not a.is_contiguous() or a.is_neg() or (grad and a.requires_grad):
+                return None
+            tensors.append(a)
+            if a.dim() >= 2 and a.shape[0] == count:  # query, key: [T, ...]
+                per_token = True
+                key += (_WEIGHT, a.dtype, a.shape[1:])
+            else:  # the cache: static
+                key += (_ONE, a.dtype, a.shape)
+        elif kind in _SCALARS or _plain(a):
+            key += (kind, a)  # head size, is_neox_style, a None key
+        else:
+            return None
+    if not per_token:
+        return None
+    if kwargs:
+        for name, value in kwargs.items():
+            if not _plain(value):
+                return None
+            key += (name, type(value), value)
+    key_t = tuple(key)
+    try:
+        art = fam.artifacts[key_t]
+    except KeyError:
+        art = fam.artifacts[key_t] = _build(fam, tokens, tensors, args, kwargs or {}, False)
+    except TypeError:
+        return None
+    if art is None:
+        return None
+    out = art(*tensors)
+    return tuple(out) if isinstance(out, list) else out
+
+
+_TOKENS = object()  # marks a token-tensor key (run_tokens)
+
+
 _PLAIN_VALUES = (*_SCALARS, str, torch.dtype)
 
 
@@ -280,7 +341,7 @@ def _import_inductor() -> bool:
 def _compile(compile_fn: Callable[..., Any], form: Callable[..., Any], options: dict[str, Any],
              tensors: list[torch.Tensor], args: tuple[Any, ...],
              kwargs: dict[str, Any] | None = None, dynamic_hidden: bool = False) -> Any:
-    rows, hidden = tensors[0].shape
+    hidden = tensors[0].shape[-1]  # (a 1-D x, run_tokens: its token count; static there)
     quantum = 1
     gm, mode, fakes = _trace(form, tensors, args, kwargs or {}, dynamic_hidden, 1)
     if dynamic_hidden:
@@ -335,7 +396,7 @@ def _trace(form: Callable[..., Any], tensors: list[torch.Tensor], args: tuple[An
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-    rows, hidden = tensors[0].shape
+    rows, hidden = tensors[0].shape if tensors[0].dim() == 2 else (tensors[0].shape[0], None)
     mode = FakeTensorMode(shape_env=ShapeEnv())
     slots = [i for i, a in enumerate(args) if isinstance(a, _Tensor)]
 
@@ -347,8 +408,10 @@ def _trace(form: Callable[..., Any], tensors: list[torch.Tensor], args: tuple[An
 
     if not dynamic_hidden:
         def fake(t: torch.Tensor) -> torch.Tensor:
-            # equal sizes share one symbol (duck sizing): x and the row tensors, one rows symbol
-            dims = [DimDynamic.DUCK if rows > 1 and t.dim() == 2 and d == 0 else DimDynamic.STATIC
+            # equal sizes share one symbol (duck sizing): x and the row tensors, one rows symbol;
+            # a 1-D x (run_tokens' positions): x and the [T, ...] tensors
+            token = t.dim() == 2 if hidden is not None else (t is tensors[0] or (t.dim() >= 2 and t.shape[0] == rows))
+            dims = [DimDynamic.DUCK if rows > 1 and token and d == 0 else DimDynamic.STATIC
                     for d in range(t.dim())]
             return mode.from_tensor(t.detach(), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
 

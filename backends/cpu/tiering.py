@@ -52,7 +52,9 @@ class CpuTiers:
             own guards, the Dynamo path whenever one fails): ~20-40 us less a call. For specs whose
             tensors are x's shape or ``[hidden]`` and whose other arguments (keyword ones too)
             are plain values: the RMSNorm family, the activations, QuantFP8 (2-D x only when
-            ``rows`` is off).
+            ``rows`` is off); and for specs whose x is a 1-D token tensor with ``[T, ...]``
+            tensor arguments and otherwise fixed-shape ones (rotary's positions, query, key and
+            cos/sin cache: ``standalone.run_tokens``).
     """
 
     min_numel: float
@@ -183,9 +185,11 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
         return spec(x, *args, **kwargs)
     if tiers.standalone and prepare is None:
         # Inductor's code without Dynamo's call path; None: a guard failed, Dynamo's path below.
-        # Without ``rows`` the outputs need not follow x's leading dims: 2-D x only
-        out = standalone.run(tiers.standalone_family(compiled_spec or spec), x, args, kwargs,
-                             two_d_only=not tiers.rows)
+        # Without ``rows`` the outputs need not follow x's leading dims: 2-D x only. A 1-D x is
+        # a token tensor (rotary's positions) with [T, ...] arguments: ``run_tokens``
+        fam = tiers.standalone_family(compiled_spec or spec)
+        out = (standalone.run_tokens(fam, x, args, kwargs) if x.dim() == 1
+               else standalone.run(fam, x, args, kwargs, two_d_only=not tiers.rows))
         if out is not None:
             return out
     if _has_neg_bit(x, args):

@@ -23,7 +23,10 @@ Tensor = torch.Tensor
 #: On the CPU, compiled code won from a single token on (1 token, 32+8 heads of 128: ~20 us vs
 #: ~45 us eager; eager runs ~15 ATen ops, the compiled function one fused loop), so only empty
 #: inputs stay eager (benchmarks/results/cpu_rotary.md). Tiered on the positions' count.
-ROTARY_CPU_TIERS = CpuTiers(1, rows=False, dynamic_hidden=False)  # head counts static: 1.5-2x faster
+#: head counts static (1.5-2x faster than dynamic ones); the compiled tier runs without Dynamo
+#: (``standalone``: backends/cpu/standalone.py ``run_tokens``), 0.58-0.79x -> 0.87-1.07x
+#: torch.compile at 1-16 tokens (BENCHMARKS.md, 2026-12-02)
+ROTARY_CPU_TIERS = CpuTiers(1, rows=False, dynamic_hidden=False, standalone=True)
 
 
 def buffer_like(module: torch.nn.Module, name: str, query: Tensor) -> Tensor:

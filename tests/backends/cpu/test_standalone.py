@@ -298,3 +298,44 @@ def test_width_dynamic_families():
     assert standalone.compiles - built == 3  # its own artifact, refused for its rows (Dynamo's path)
     (art,) = [a for a in fours.artifacts.values() if isinstance(a, standalone._Widths)]
     assert art.quantum == 4 and art.verdicts == {8: True, 12: True, 16: True, 6: False}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_rotary_takes_the_token_route(dtype):
+    """RotaryEmbedding's compiled tier without Dynamo (``run_tokens``): positions ``[T]``, query and
+    key ``[T, heads * head_size]`` of different widths share the token symbol, the cos/sin cache is
+    static. One artifact for every T of two or more, one for T == 1, no Dynamo graph, bitwise the
+    Dynamo path and within tolerance of the spec; a missing key, a cache as long as T (its own
+    artifact: the cache is keyed by shape) and a non-contiguous query (Dynamo's path) stay right."""
+    from customop.ops.rotary_embedding import RotaryEmbedding
+
+    assert RotaryEmbedding.cpu_tiers.standalone
+    with use_config(Config(custom_ops=["all"])):
+        op = RotaryEmbedding(32, 32, 64, 10000.0, True, dtype)
+    dynamo = via_dynamo(op)
+    before, built = graphs(), standalone.compiles
+    got = []
+    with torch.no_grad():
+        for tokens in (1, 7, 40, 2, 1):
+            pos = torch.randint(0, 64, (tokens,), generator=torch.Generator().manual_seed(tokens))
+            q, k = randn(tokens, 4 * 32, dtype=dtype, seed=tokens), randn(tokens, 2 * 32, dtype=dtype, seed=-tokens)
+            got.append((pos, q, k, op.forward_cpu(pos, q, k)))
+            want = op.forward_native(pos, q, k)
+            assert_close(got[-1][3][0], want[0], dtype)
+            assert_close(got[-1][3][1], want[1], dtype)
+        assert standalone.compiles - built == 2 and graphs() == before
+        for pos, q, k, (q_out, k_out) in got:
+            q2, k2 = dynamo.forward_cpu(pos, q, k)
+            assert torch.equal(q_out, q2) and torch.equal(k_out, k2), pos.shape
+        pos, q, k = got[1][:3]
+        q_only, none = op.forward_cpu(pos, q, None)
+        assert none is None and torch.equal(q_only, got[1][3][0])
+        pos = torch.arange(64) % 64  # T == the cache's length
+        q, k = randn(64, 4 * 32, dtype=dtype, seed=1), randn(64, 2 * 32, dtype=dtype, seed=2)
+        out = op.forward_cpu(pos, q, k)
+        assert torch.equal(out[0], dynamo.forward_cpu(pos, q, k)[0])
+        built = standalone.compiles
+        q_strided = torch.empty(4 * 32, 64, dtype=dtype).t().copy_(q)
+        assert torch.equal(op.forward_cpu(pos, q_strided, k)[0], out[0])
+        assert standalone.compiles == built
