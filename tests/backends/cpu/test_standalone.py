@@ -198,7 +198,7 @@ def test_a_failed_build_is_logged_and_remembered(monkeypatch, caplog):
         calls.append(args)
         raise RuntimeError("no")
 
-    monkeypatch.setattr(standalone, "_compile", broken)
+    monkeypatch.setattr(standalone, "compile_graph", broken)
     op = rms_norm(torch.float32, hidden=16)
     op.cpu_tiers = op.cpu_tiers.compiling_from(1)
     fam = op.cpu_tiers.standalone_family(L.rms_norm)
@@ -280,7 +280,7 @@ def test_width_dynamic_families():
         assert torch.equal(standalone.run(fam, x, (r, w)), (x + r) * w), (rows, width)
     assert standalone.compiles - built == 1
     (art,) = fam.artifacts.values()
-    assert isinstance(art, standalone._Widths) and art.quantum == 1
+    assert isinstance(art, standalone.Widths) and art.quantum == 1
     assert art.verdicts == {16: True, 40: True, 7: True}
 
     built = standalone.compiles
@@ -296,7 +296,7 @@ def test_width_dynamic_families():
     assert standalone.compiles - built == 2
     assert standalone.run(fours, torch.randn(2, 6), ()) is None  # 6 x 3 rows is no multiple of 4
     assert standalone.compiles - built == 3  # its own artifact, refused for its rows (Dynamo's path)
-    (art,) = [a for a in fours.artifacts.values() if isinstance(a, standalone._Widths)]
+    (art,) = [a for a in fours.artifacts.values() if isinstance(a, standalone.Widths)]
     assert art.quantum == 4 and art.verdicts == {8: True, 12: True, 16: True, 6: False}
 
 

@@ -202,7 +202,7 @@ def test_one_artifact_serves_every_token_count():
 
 def _verdicts(fam):
     """width -> verdict of the family's width-dynamic artifacts (rows >= 2 and one row)."""
-    return [art.verdicts for art in fam.artifacts.values() if isinstance(art, standalone._Widths)]
+    return [art.verdicts for art in fam.artifacts.values() if isinstance(art, standalone.Widths)]
 
 
 #: (label, widths, the dtype): the gated ops read twice the width; 7 and 4231 odd, 1 the gated
