@@ -68,6 +68,20 @@ def test_cpu_formulations_match_reference(label, name):
     ref.assert_layer(f"{label} {name}", out, expected, dtype)
 
 
+def test_compiled_formulation_of_a_neg_view():
+    """torch.compile (2.13) reads an input with the lazy negation bit without the negation: the
+    compiled formulation runs the grouped form eagerly for such inputs."""
+    label = "silu E8 k2 H96 I64"
+    case = LAYERS_BY_LABEL[label]
+    layer = build(case, torch.bfloat16)
+    x, logits = case.inputs(33, torch.bfloat16, generator=gen(label, "neg"))
+    w, ids = layer.select_experts(-x, logits)
+    expected = ref.experts(layer, -x, w, ids)
+    with torch.no_grad():
+        out = moe_cpu.compiled(torch._neg_view(x), layer.w13_weight, layer.w2_weight, w, ids, *layer.experts_args())
+    ref.assert_layer(f"{label} compiled, neg view", out, expected, torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("label", ["silu E6 k3 H40 I24", "gelu E4 k1 H36 I20 sigmoid"])
 def test_forward_cpu_runs_the_measured_choice(label, dtype, monkeypatch):
