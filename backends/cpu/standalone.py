@@ -1,6 +1,6 @@
 """The compiled tier without Dynamo: Inductor artifacts behind our own guards (issue 18). Used by
-the RMSNorm family, the activations, QuantFP8 (``run``) and RotaryEmbedding (``run_tokens``:
-a 1-D token tensor first) (``CpuTiers.standalone``).
+the RMSNorm family, the activations, QuantFP8 (``run``), RotaryEmbedding and ApplyRotaryEmb
+(``run_tokens``: a token tensor first, 1-D or 3-D) (``CpuTiers.standalone``).
 
 Why. At decode sizes a norm's kernel takes a few microseconds, and Dynamo's call path (its guards,
 the AOT wrapper, ``set_eval_frame``) ~20-40 us on the 2-core CI box: both ``forward_cpu`` and
@@ -207,36 +207,47 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
 def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
                kwargs: dict[str, Any] | None = None) -> Any:
     """``fam.form(tokens, *args, **kwargs)`` through its artifact for specs whose first argument is
-    a 1-D token tensor (rotary's positions ``[T]``), or None where a guard fails (the caller then
-    takes the Dynamo path). Every tensor: plain, on the CPU, contiguous, no negation bit, autograd
-    not recording for it. Tensor arguments of at least 2 dims that start with ``T`` (query, key)
-    share the token symbol (static in every other dim: the head counts, the head size); the others
-    (the cos/sin cache) are static: their whole shape is in the key, as is whether each tensor
-    argument took the token symbol, so a cache whose length happens to equal ``T`` gets an
-    artifact of its own. At least one ``[T, ...]`` argument is required (else: None). Non-tensor
-    arguments as in ``run``. One artifact serves every ``T`` of two or more, one more ``T == 1``."""
-    if (type(tokens) not in _PLAIN or tokens.dim() != 1 or _dispatch_modes() or _function_modes()
+    a token tensor: 1-D (rotary's positions ``[T]``) or ``[T, ...]`` of 3+ dims, static past its
+    first (ApplyRotaryEmb's x ``[S, heads, head_size]``: its tail shape is in the key; 2-D x is
+    ``run``'s), or None where a guard fails (the caller then takes the Dynamo path). Every tensor:
+    plain, on the CPU, contiguous (a strided ``[T, ...]`` argument of at most ``_COPY_MAX``
+    elements is copied first), no negation bit, autograd not recording for it. Tensor
+    arguments of at least 2 dims that start with ``T`` (query, key; ApplyRotaryEmb's cos and sin
+    ``[S, rot/2]``) share the token symbol (static in every other dim: the head counts, the head
+    size, the rotary width, in the key); the others (the cos/sin cache) are static: their whole
+    shape is in the key, as is whether each tensor argument took the token symbol, so a cache
+    whose length happens to equal ``T`` gets an artifact of its own. At least one ``[T, ...]``
+    argument is required (else: None). Non-tensor arguments as in ``run``. One artifact serves
+    every ``T`` of two or more, one more ``T == 1``."""
+    if (type(tokens) not in _PLAIN or tokens.dim() == 2 or _dispatch_modes() or _function_modes()
             or _transform() is not None or _jit_tracing() is not None or _autocast()):
         return None
     grad = _grad()
-    count = tokens.shape[0]
+    shape = tokens.shape
+    count = shape[0] if shape else 0
     if (not count or not tokens.is_cpu or not tokens.is_contiguous() or tokens.is_neg()
             or (grad and tokens.requires_grad)):
         return None
     tensors = [tokens]
-    key: list[Any] = [_TOKENS, tokens.dtype, count == 1]
+    key: list[Any] = [_TOKENS, tokens.dtype, count == 1, shape[1:]]
     per_token = False
     for a in args:
         kind = type(a)
         if kind is _Tensor or kind is _Parameter:
-            if not a.is_cpu or not a.is_contiguous() or a.is_neg() or (grad and a.requires_grad):
+            if not a.is_cpu or a.is_neg() or (grad and a.requires_grad):
                 return None
-            tensors.append(a)
-            if a.dim() >= 2 and a.shape[0] == count:  # query, key: [T, ...]
+            if a.dim() >= 2 and a.shape[0] == count:  # query, key, cos, sin: [T, ...]
+                if not a.is_contiguous():  # e.g. cos and sin chunked from one gather of the cache
+                    if a.numel() > _COPY_MAX:
+                        return None
+                    a = a.contiguous()  # the traced layout; a few us, not Dynamo's ~20-40
                 per_token = True
                 key += (_WEIGHT, a.dtype, a.shape[1:])
+            elif not a.is_contiguous():
+                return None
             else:  # the cache: static
                 key += (_ONE, a.dtype, a.shape)
+            tensors.append(a)
         elif kind in _SCALARS or _plain(a):
             key += (kind, a)  # head size, is_neox_style, a None key
         else:
@@ -262,6 +273,10 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
 
 
 _TOKENS = object()  # marks a token-tensor key (run_tokens)
+#: run_tokens copies a strided [T, ...] argument of at most this many elements (a few us) to the
+#: traced contiguous layout; a larger one takes the Dynamo path (a copy would cost more than
+#: Dynamo's call path saves)
+_COPY_MAX = 1 << 15
 
 
 _PLAIN_VALUES = (*_SCALARS, str, torch.dtype)

@@ -54,7 +54,8 @@ class CpuTiers:
             are plain values: the RMSNorm family, the activations, QuantFP8 (2-D x only when
             ``rows`` is off); and for specs whose x is a 1-D token tensor with ``[T, ...]``
             tensor arguments and otherwise fixed-shape ones (rotary's positions, query, key and
-            cos/sin cache: ``standalone.run_tokens``).
+            cos/sin cache: ``standalone.run_tokens``), or an x of one token dim and ``feature_dims``
+            of 2+ (ApplyRotaryEmb's ``[S, heads, D]`` with cos/sin ``[S, rot/2]``: the same).
     """
 
     min_numel: float
@@ -186,9 +187,11 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
     if tiers.standalone and prepare is None:
         # Inductor's code without Dynamo's call path; None: a guard failed, Dynamo's path below.
         # Without ``rows`` the outputs need not follow x's leading dims: 2-D x only. A 1-D x is
-        # a token tensor (rotary's positions) with [T, ...] arguments: ``run_tokens``
+        # a token tensor (rotary's positions) with [T, ...] arguments, and so is an x of one token
+        # dim and 2+ feature dims (ApplyRotaryEmb's [S, heads, head_size]): ``run_tokens``
         fam = tiers.standalone_family(compiled_spec or spec)
-        out = (standalone.run_tokens(fam, x, args, kwargs) if x.dim() == 1
+        ndim = x.dim()
+        out = (standalone.run_tokens(fam, x, args, kwargs) if ndim == 1 or ndim == tiers.feature_dims + 1 > 2
                else standalone.run(fam, x, args, kwargs, two_d_only=not tiers.rows))
         if out is not None:
             return out

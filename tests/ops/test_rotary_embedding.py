@@ -119,7 +119,7 @@ def test_cpu_path_picks_compiled_code_by_size(monkeypatch):
     monkeypatch.setattr(ApplyRotaryEmb, "cpu_tiers", SHIPPED_TIERS[1])
     calls = []
     monkeypatch.setattr("customop.backends.cpu.tiering.compiled", lambda fn: calls.append(fn.__name__) or fn)
-    # rotary's compiled tier runs without Dynamo first (standalone.run_tokens): counted as compiled
+    # the rotary ops' compiled tier runs without Dynamo first (standalone.run_tokens): counted as compiled
     monkeypatch.setattr("customop.backends.cpu.standalone.run_tokens",
                         lambda fam, *a, **k: calls.append(fam.form.__name__))
     op = build(RotaryEmbedding, 64, 64, MAX_POS, 10000.0, True, torch.float32)
@@ -127,8 +127,8 @@ def test_cpu_path_picks_compiled_code_by_size(monkeypatch):
     apply = build(ApplyRotaryEmb)
     for tokens in (1, int(SHIPPED_TIERS[1].min_numel) // 128):
         apply.forward_cpu(torch.randn(tokens, 1, 128), torch.randn(tokens, 64), torch.randn(tokens, 64))
-    # rotary: the standalone route says no (the stub returns None), then the Dynamo path
-    assert calls == ["rotary_embedding", "rotary_embedding", "apply_rotary_emb"]
+    # both: the standalone route says no (the stub returns None), then the Dynamo path
+    assert calls == ["rotary_embedding", "rotary_embedding", "apply_rotary_emb", "apply_rotary_emb"]
 
 
 # ---- the kernel path (forced CUDA platform; the library op's reference runs on CPU) ----------

@@ -13,8 +13,11 @@ Tensor = torch.Tensor
 
 #: On the CPU this op is only ~8 ATen ops eagerly, so the compiled call's guards (~20 us) pay off
 #: from about 4-8 tokens of 32 heads x 128 (16-32k elements; benchmarks/results/cpu_rotary.md);
-#: below that eager is 2-4 us faster.
-APPLY_ROTARY_CPU_TIERS = CpuTiers(32768, rows=False, dynamic_hidden=False, feature_dims=2)  # [.., S, heads, D]
+#: below that eager is 2-4 us faster. The compiled tier runs without Dynamo for a 3-D x
+#: (``standalone``: backends/cpu/standalone.py ``run_tokens``), 0.7-0.9x -> ~1.1x torch.compile
+#: at 8-16 tokens (BENCHMARKS.md, 2026-12-02); a 4-D x keeps Dynamo's path.
+APPLY_ROTARY_CPU_TIERS = CpuTiers(32768, rows=False, dynamic_hidden=False, feature_dims=2,  # [.., S, heads, D]
+                                  standalone=True)
 
 
 def _check_apply_inputs(x: Tensor, cos: Tensor, sin: Tensor) -> None:

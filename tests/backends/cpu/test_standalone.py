@@ -307,7 +307,8 @@ def test_rotary_takes_the_token_route(dtype):
     key ``[T, heads * head_size]`` of different widths share the token symbol, the cos/sin cache is
     static. One artifact for every T of two or more, one for T == 1, no Dynamo graph, bitwise the
     Dynamo path and within tolerance of the spec; a missing key, a cache as long as T (its own
-    artifact: the cache is keyed by shape) and a non-contiguous query (Dynamo's path) stay right."""
+    artifact: the cache is keyed by shape) and a non-contiguous query (small: copied to the
+    traced layout, the same artifact) stay right."""
     from customop.ops.rotary_embedding import RotaryEmbedding
 
     assert RotaryEmbedding.cpu_tiers.standalone
@@ -339,3 +340,41 @@ def test_rotary_takes_the_token_route(dtype):
         q_strided = torch.empty(4 * 32, 64, dtype=dtype).t().copy_(q)
         assert torch.equal(op.forward_cpu(pos, q_strided, k)[0], out[0])
         assert standalone.compiles == built
+
+
+@pytest.mark.slow
+def test_apply_rotary_takes_the_token_route(monkeypatch):
+    """ApplyRotaryEmb's compiled tier without Dynamo (``run_tokens`` with a 3-D x): x ``[S, heads,
+    D]`` and cos/sin ``[S, rot/2]`` (chunked from one tensor: strided, copied) share the token
+    symbol. One artifact for every S of two or more, one for S == 1, no Dynamo graph, bitwise the
+    Dynamo path, close to the float64 spec; a 4-D x, a strided x and a strided cos/sin above
+    ``_COPY_MAX`` take Dynamo's path and stay right. bf16 only (~5 s a dtype; fp32 is the same
+    route, and test_rotary_embedding.py covers its values)."""
+    from customop.math.rotary import apply_rotary_emb
+    from customop.ops.rotary_embedding import ApplyRotaryEmb
+
+    assert ApplyRotaryEmb.cpu_tiers.standalone
+    with use_config(Config(custom_ops=["all"])):
+        op = ApplyRotaryEmb()
+    op.cpu_tiers = op.cpu_tiers.compiling_from(1)
+    dynamo = via_dynamo(op)
+    before, built = graphs(), standalone.compiles
+    got = []
+    dtype = torch.bfloat16
+    with torch.no_grad():
+        for tokens in (1, 7, 40, 2, 1):
+            x = randn(tokens, 4, 32, dtype=dtype, seed=tokens)
+            cos, sin = randn(tokens, 16, dtype=dtype, seed=-tokens).chunk(2, dim=-1)  # rot 16 < D 32
+            got.append((x, cos, sin, op.forward_cpu(x, cos, sin)))
+            want = apply_rotary_emb(x.double(), cos.double(), sin.double(), op.is_neox_style)
+            assert_close(got[-1][3], want.to(dtype), dtype)
+        assert standalone.compiles - built == 2 and graphs() == before
+        for x, cos, sin, out in got:
+            assert torch.equal(out, dynamo.forward_cpu(x, cos, sin)), x.shape
+        x, cos, sin, out = got[1]
+        assert torch.equal(op.forward_cpu(x.unsqueeze(0), cos, sin)[0], out)  # 4-D: Dynamo's path
+        x_strided = torch.empty(4, 7, 32, dtype=dtype).transpose(0, 1).copy_(x)
+        assert torch.equal(op.forward_cpu(x_strided, cos, sin), out)
+        monkeypatch.setattr(standalone, "_COPY_MAX", 8)
+        assert torch.equal(op.forward_cpu(x, cos, sin), out)
+        assert graphs() > before and standalone.compiles - built == 2
