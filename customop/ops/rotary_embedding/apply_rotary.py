@@ -11,12 +11,14 @@ from customop.math import rotary as common
 
 Tensor = torch.Tensor
 
-#: On the CPU this op is only ~8 ATen ops eagerly, so the compiled call's guards (~20 us) pay off
-#: from about 4-8 tokens of 32 heads x 128 (16-32k elements; benchmarks/results/cpu_rotary.md);
-#: below that eager is 2-4 us faster. The compiled tier runs without Dynamo for a 3-D x
-#: (``standalone``: backends/cpu/standalone.py ``run_tokens``), 0.7-0.9x -> ~1.1x torch.compile
-#: at 8-16 tokens (BENCHMARKS.md, 2026-12-02); a 4-D x keeps Dynamo's path.
-APPLY_ROTARY_CPU_TIERS = CpuTiers(32768, rows=False, dynamic_hidden=False, feature_dims=2,  # [.., S, heads, D]
+#: On the CPU this op is only ~8 ATen ops eagerly, so the compiled call's guards (~20 us through
+#: Dynamo) paid off from about 4-8 tokens of 32 heads x 128 (16-32k elements;
+#: benchmarks/results/cpu_rotary.md). The compiled tier runs without Dynamo for a 3-D x
+#: (``standalone``: backends/cpu/standalone.py ``run_tokens``): 0.7-0.9x -> ~1.1x torch.compile at
+#: 8-16 tokens, and from 4 tokens (16K) it beats eager (bf16 43 -> 33 us, fp32 36 -> 32); at
+#: 1-2 tokens the two are within a few us, and eager compiles nothing (BENCHMARKS.md, 2026-12-02).
+#: A 4-D x keeps Dynamo's path.
+APPLY_ROTARY_CPU_TIERS = CpuTiers(16384, rows=False, dynamic_hidden=False, feature_dims=2,  # [.., S, heads, D]
                                   standalone=True)
 
 
