@@ -124,6 +124,14 @@ _autocast = _C._is_any_autocast_enabled  # any device: stricter than CPU's alone
 _grad = torch.is_grad_enabled
 
 
+def _intercepted() -> bool:
+    """Whether a torch-dispatch or torch-function mode, a functorch transform, the JIT tracer or
+    autocast (any device) is active: each would see or change the spec's operations, which the
+    artifact would bypass."""
+    return bool(_dispatch_modes() or _function_modes() or _transform() is not None
+                or _jit_tracing() is not None or _autocast())
+
+
 def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
         two_d_only: bool = False) -> Any:
     """``fam.form(x, *args, **kwargs)`` through its artifact, or None when a guard fails (the
@@ -133,9 +141,7 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
     shape = x.shape
     # no mode, transform, tracer or autocast that the artifact would bypass; 1-D x (one token) is
     # left to Dynamo: its weight would look like a row tensor
-    if (type(x) not in _PLAIN or len(shape) < 2 or (two_d_only and len(shape) != 2)
-            or _dispatch_modes() or _function_modes()
-            or _transform() is not None or _jit_tracing() is not None or _autocast()):
+    if type(x) not in _PLAIN or len(shape) < 2 or (two_d_only and len(shape) != 2) or _intercepted():
         return None
     grad = _grad()
     if not x.is_cpu or not x.is_contiguous() or x.is_neg() or (grad and x.requires_grad):
@@ -169,18 +175,10 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
             key += (kind, a)  # eps, variance size, group size, a None weight, approximate="tanh"
         else:
             return None  # a tensor subclass (it would lose its type), or a value holding tensors
-    if kwargs:
-        for name, value in kwargs.items():
-            if not _plain(value):
-                return None  # tensors only as positional arguments (their guards are above)
-            key += (name, type(value), value)
-    key = tuple(key)
-    try:
-        art = fam.artifacts[key]
-    except KeyError:
-        art = fam.artifacts[key] = _build(fam, x, tensors, args, kwargs or {}, dynamic_hidden and hidden > 1)
-    except TypeError:  # an unhashable argument: Dynamo knows what to do with it
+    key = _with_kwargs(key, kwargs)
+    if key is None:
         return None
+    art = _artifact(fam, key, x, tensors, args, kwargs, dynamic_hidden and hidden > 1)
     if art is None:
         return None
     if type(art) is not Widths:
@@ -188,10 +186,7 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
     elif art.serves(hidden):
         out = art.fn(hidden // art.quantum, *tensors)  # the width symbol's value first
     else:  # a width its guards exclude: an artifact of this width (static), never a wrong result
-        key += (hidden,)
-        art = fam.artifacts.get(key, _MISSING)
-        if art is _MISSING:
-            art = fam.artifacts[key] = _build(fam, x, tensors, args, kwargs or {}, False)
+        art = _artifact(fam, key + (hidden,), x, tensors, args, kwargs, False)
         if art is None:
             return None
         out = art(*tensors)
@@ -219,8 +214,7 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
     whose length happens to equal ``T`` gets an artifact of its own. At least one ``[T, ...]``
     argument is required (else: None). Non-tensor arguments as in ``run``. One artifact serves
     every ``T`` of two or more, one more ``T == 1``."""
-    if (type(tokens) not in _PLAIN or tokens.dim() == 2 or _dispatch_modes() or _function_modes()
-            or _transform() is not None or _jit_tracing() is not None or _autocast()):
+    if type(tokens) not in _PLAIN or tokens.dim() == 2 or _intercepted():
         return None
     grad = _grad()
     shape = tokens.shape
@@ -242,11 +236,11 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
                         return None
                     a = a.contiguous()  # the traced layout; a few us, not Dynamo's ~20-40
                 per_token = True
-                key += (_WEIGHT, a.dtype, a.shape[1:])
+                key += (_PER_TOKEN, a.dtype, a.shape[1:])
             elif not a.is_contiguous():
                 return None
             else:  # the cache: static
-                key += (_ONE, a.dtype, a.shape)
+                key += (_STATIC, a.dtype, a.shape)
             tensors.append(a)
         elif kind in _SCALARS or _plain(a):
             key += (kind, a)  # head size, is_neox_style, a None key
@@ -254,18 +248,10 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
             return None
     if not per_token:
         return None
-    if kwargs:
-        for name, value in kwargs.items():
-            if not _plain(value):
-                return None
-            key += (name, type(value), value)
-    key_t = tuple(key)
-    try:
-        art = fam.artifacts[key_t]
-    except KeyError:
-        art = fam.artifacts[key_t] = _build(fam, tokens, tensors, args, kwargs or {}, False)
-    except TypeError:
+    key_t = _with_kwargs(key, kwargs)
+    if key_t is None:
         return None
+    art = _artifact(fam, key_t, tokens, tensors, args, kwargs, False)
     if art is None:
         return None
     out = art(*tensors)
@@ -273,6 +259,8 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
 
 
 _TOKENS = object()  # marks a token-tensor key (run_tokens)
+_PER_TOKEN = object()  # marks a [T, ...] argument's dtype and tail shape in a run_tokens key
+_STATIC = object()  # marks a static argument's dtype and shape in a run_tokens key
 #: run_tokens copies a strided [T, ...] argument of at most this many elements (a few us) to the
 #: traced contiguous layout; a larger one takes the Dynamo path (a copy would cost more than
 #: Dynamo's call path saves)
@@ -280,6 +268,30 @@ _COPY_MAX = 1 << 15
 
 
 _PLAIN_VALUES = (*_SCALARS, str, torch.dtype)
+
+
+def _with_kwargs(key: list[Any], kwargs: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    """``key`` with the keyword arguments keyed by value, as a tuple; None where one is not a
+    plain value (tensors only as positional arguments: their guards are the callers')."""
+    if kwargs:
+        for name, value in kwargs.items():
+            if not _plain(value):
+                return None
+            key += (name, type(value), value)
+    return tuple(key)
+
+
+def _artifact(fam: Family, key: tuple[Any, ...], x: torch.Tensor, tensors: list[torch.Tensor],
+              args: tuple[Any, ...], kwargs: dict[str, Any] | None, dynamic_hidden: bool) -> Any:
+    """The family's artifact for ``key``, built on first use (None: building failed, or an
+    unhashable argument, which Dynamo knows what to do with)."""
+    try:
+        art = fam.artifacts[key]
+    except KeyError:
+        art = fam.artifacts[key] = _build(fam, x, tensors, args, kwargs or {}, dynamic_hidden)
+    except TypeError:
+        return None
+    return art
 
 
 def _plain(value: Any) -> bool:
@@ -290,7 +302,6 @@ def _plain(value: Any) -> bool:
     return isinstance(value, tuple) and all(type(v) in _PLAIN_VALUES for v in value)
 
 
-_MISSING = object()
 _WEIGHT = object()  # marks a [hidden] tensor's dtype in a key (a row tensor's stands alone)
 _ONE = object()  # marks a one-element tensor's rank and dtype in a key
 

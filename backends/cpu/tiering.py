@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -150,11 +150,11 @@ def _below_threshold(tiers: CpuTiers, x: torch.Tensor) -> bool:
 _is_compiling = torch.compiler.is_compiling
 
 
-def _has_neg_bit(x: torch.Tensor, args: tuple[Any, ...]) -> bool:
-    """Whether x or a tensor argument carries the lazy negation bit (``torch._neg_view``, the
+def has_neg_bit(values: Iterable[Any]) -> bool:
+    """Whether a tensor among ``values`` carries the lazy negation bit (``torch._neg_view``, the
     real view of a conjugate): torch.compile (2.13) reads such inputs without the negation, so
-    those calls run the spec eagerly instead (the standalone route refuses them too)."""
-    return x.is_neg() or any(isinstance(a, torch.Tensor) and a.is_neg() for a in args)
+    callers of compiled code run the spec eagerly for them (the standalone route refuses them)."""
+    return any(isinstance(v, torch.Tensor) and v.is_neg() for v in values)
 
 
 def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args: Any,
@@ -195,7 +195,7 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
                else standalone.run(fam, x, args, kwargs, two_d_only=not tiers.rows))
         if out is not None:
             return out
-    if _has_neg_bit(x, args):
+    if x.is_neg() or has_neg_bit(args):
         return spec(x, *args, **kwargs)
     fn = tiers.compiled(compiled_spec or spec)
     if prepare is not None:

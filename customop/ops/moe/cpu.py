@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from customop.backends.cpu.tiering import has_neg_bit
 from customop.math import moe as _math
 
 #: the formulation forward_cpu runs, per input dtype. Measured (benchmarks/results/cpu_moe.md, one
@@ -76,8 +77,7 @@ _compiled = None
 
 def compiled(*args):
     global _compiled
-    if any(isinstance(a, torch.Tensor) and a.is_neg() for a in args):
-        # torch.compile (2.13) reads an input with the lazy negation bit without the negation
+    if has_neg_bit(args):  # torch.compile would read it without the negation
         return _math.fused_experts_grouped(*args)
     if _compiled is None:
         _compiled = torch.compile(_math.fused_experts_grouped, dynamic=True)
