@@ -314,8 +314,6 @@ def chunk_table(query_start_loc: torch.Tensor, n_tokens: int, chunk_size: int):
     return start.to(i32), end.to(i32), first.to(i32), count.to(i32)
 
 
-
-
 def _tile(want: int, size: int, floor: int = 16) -> int:
     """``want`` clamped to ``size``'s power of two, at least ``floor`` (tl.dot's smallest)."""
     return max(floor, min(want, next_pow2(size)))

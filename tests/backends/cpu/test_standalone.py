@@ -27,8 +27,6 @@ H = 1031  # odd: the vector loops' tails run too
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
-
-
 def rms_norm(dtype, hidden=H, seed=0, weight_dtype=None):
     """An enabled RMSNorm compiling from one token, with a random weight (not ones)."""
     with use_config(Config(custom_ops=["all"])):

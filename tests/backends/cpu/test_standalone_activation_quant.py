@@ -42,8 +42,6 @@ QUANT_CASES = ["dynamic per-tensor", "dynamic per-token", "dynamic per-token sca
                "per-group 64 ue8m0", "per-group 128", "per-group 128 column-major"]
 
 
-
-
 def via_dynamo(op):
     """The same op with its compiled tier called through Dynamo, as before."""
     other = copy.copy(op)
