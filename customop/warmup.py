@@ -175,12 +175,12 @@ warmup.register_warmup = register_warmup  # type: ignore[attr-defined]
 WIDEST_ROW = 1 << 17
 
 
-def _width(op: Any, tokens: int, dtype: torch.dtype, width: int) -> int:
-    """The warm-up width of an op whose graphs are dynamic in the width: ``width``, except one
-    token at a threshold that a row of up to ``WIDEST_ROW`` elements reaches: then the narrowest
-    row reaching it (a multiple of 256, which every gated split and group size divides), so that
-    the one-token graph exists too."""
-    threshold = op.cpu_tiers.compile_from(dtype)
+def warmup_width(tiers: Any, tokens: int, dtype: torch.dtype, width: int) -> int:
+    """The warm-up width of an op whose graphs are dynamic in the width (its ``CpuTiers``):
+    ``width``, except one token at a threshold that a row of up to ``WIDEST_ROW`` elements
+    reaches: then the narrowest row reaching it (a multiple of 256, which every gated split and
+    group size divides), so that the one-token graph exists too."""
+    threshold = tiers.compile_from(dtype)
     if tokens != 1 or threshold > WIDEST_ROW:
         return width
     return max(width, -(-int(threshold) // 256) * 256)
@@ -221,10 +221,10 @@ def _register_in_tree() -> None:
     def activation(op: Any, tokens: int, dtype: torch.dtype) -> list[Call]:
         # The hidden dim is dynamic in the activations' graphs and standalone artifacts: any even
         # width serves all widths (the artifacts' width guards are checked per width).
-        return [((_randn(tokens, _width(op, tokens, dtype, 256), dtype=dtype),), {})]
+        return [((_randn(tokens, warmup_width(op.cpu_tiers, tokens, dtype, 256), dtype=dtype),), {})]
 
     def quant(op: Any, tokens: int, dtype: torch.dtype) -> list[Call]:
-        hidden = _width(op, tokens, dtype, 2 * op.group_shape.col if op.is_group_quant else 256)
+        hidden = warmup_width(op.cpu_tiers, tokens, dtype, 2 * op.group_shape.col if op.is_group_quant else 256)
         x = _randn(tokens, hidden, dtype=dtype) * 3
         if not op.static:
             return [((x,), {})]

@@ -22,6 +22,7 @@ from customop.backends.cpu import standalone
 from customop.ops import activation as act
 from customop.ops.quantization import input_quant_fp8 as qf
 from customop.ops.quantization.group_shape import GroupShape
+from customop.warmup import warmup_width
 
 _QUANT = dict(num_token_padding=None, column_major_scales=False, tma_aligned_scales=False, use_ue8m0=False,
               fp8_dtype=torch.float8_e4m3fn, fp8_max=448.0, min_scale=1.0 / (448.0 * 512.0))
@@ -85,9 +86,7 @@ def main() -> None:
                 standalone.reset()
                 per_width = standalone.Family(fn, {}, dynamic_hidden=False)
                 dynamic = standalone.Family(fn, {}, dynamic_hidden=True)
-                threshold = tiers.compile_from(dtype)
-                one_row = max(256, -(-int(threshold) // 256) * 256) if threshold <= 1 << 17 else 256
-                for rows, width in ((16, 256), (1, one_row)):  # as customop.warmup builds them
+                for rows, width in ((16, 256), (1, warmup_width(tiers, 1, dtype, 256))):  # as customop.warmup
                     standalone.run(dynamic, torch.randn(rows, width).to(dtype), args, kwargs)
                 for tokens, d in SHAPES:
                     x = torch.randn(tokens, 2 * d if gated else d).to(dtype)
