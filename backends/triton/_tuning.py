@@ -306,6 +306,11 @@ def row_grid(device: torch.device, cfg: RowConfig, n_rows: int) -> tuple[tuple[i
     return (blocks,), 1
 
 
+def _small_grid_warps(kind: str, t: dict[str, int], elems: int) -> int:
+    """Warps of a small-grid program of ``elems`` elements (TILE_TABLE's ``small_grid_*``)."""
+    return _warps(kind, max(1, min(8, elems // t["small_grid_elems_per_warp"])))
+
+
 def tile_config(device: torch.device, n_rows: int, n_cols: int, streaming_class: bool = True) -> TileConfig:
     """2-D elementwise tile over an ``[n_rows, n_cols]`` output. ``streaming_class=False`` keeps
     the mid-size tile at streaming sizes too, for the ops not measured faster in the streaming one
@@ -325,8 +330,7 @@ def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class:
     if not stream and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
         # a latency-bound launch (TILE_TABLE's ``small_grid_*``): smaller tiles, more warps
         block_n = min(block_n, t["small_grid_tile_n"])
-        warps = max(1, min(8, block_m * block_n // t["small_grid_elems_per_warp"]))
-        return TileConfig(block_m, block_n, _warps(kind, warps), grid2d=True)
+        return TileConfig(block_m, block_n, _small_grid_warps(kind, t, block_m * block_n), grid2d=True)
     min_n = t["tile_min_n"] if stream else t["decode_min_n"]
     while block_n > min_n and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
         block_n //= 2
@@ -354,7 +358,7 @@ def _flat_config(kind: str, sms: int, numel: int, unary: bool = False) -> TileCo
     block = t["flat_elems"]
     if unary and _cdiv(numel, t["flat_min"]) < 2 * sms:
         block = t["small_grid_tile_n"]  # as the gated tiles' small grids
-        return TileConfig(1, block, _warps(kind, max(1, min(8, block // t["small_grid_elems_per_warp"]))))
+        return TileConfig(1, block, _small_grid_warps(kind, t, block))
     while block > t["flat_min"] and _cdiv(numel, block) < 2 * sms:
         block //= 2
     small = _cdiv(numel, block) < 2 * sms
