@@ -120,7 +120,8 @@ ROW_TABLE: dict[str, tuple[tuple[int, int, int], ...]] = {
         (32768, 1, 32),
     ),
 }
-#: the RMSNorm family (rms_norm, the fused add, Gemma's): size classes by token count, first match:
+#: the row norms (one kernel: the RMSNorm family, and since 2026-12-02 the layer norms and the
+#: fused gated norms, which took ROW_TABLE before): size classes by token count, first match:
 #: (most rows, largest padded row width, rows per program, warps, programs per SM (0: one program
 #: per row block)); within a class, fewer rows per program while that leaves fewer than two
 #: programs per SM. Decode (<= 256 rows: one row per program, a latency-bound launch), mid sizes
@@ -146,7 +147,7 @@ RMS_TABLE: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
 }
 #: rows wider than the table: chunk width and warps of the looped kernel
 LOOP_ROW: dict[str, tuple[int, int]] = {"cuda": (8192, 16)}
-#: the RMSNorm family at prefill sizes (more than ``min_rows`` rows of at least ``min_width``
+#: the row norms at prefill sizes (more than ``min_rows`` rows of at least ``min_width``
 #: padded lanes) takes the looped kernel, Inductor's form for these ops: pass 1 reads the row
 #: (kept in L2 by evict_last), pass 2 re-reads it from L2 and writes. Chunk: half the row, at most
 #: ``max_chunk`` (rms_norm), or the row, at most ``max_chunk`` (with a residual, whose store then
@@ -271,8 +272,9 @@ def _row_config(kind: str, sms: int, n_rows: int, n_cols: int, quant: bool) -> R
 
 
 def rms_config(device: torch.device, n_rows: int, n_cols: int, residual: bool = False) -> RowConfig:
-    """Config of the RMSNorm family's kernel (RMS_TABLE, RMS_LOOPED; override kind ``rms``).
-    ``residual``: the fused-add variants (their own looped chunk)."""
+    """Config of the row-norm kernel (the RMSNorm family, the layer norms, the fused gated norms;
+    RMS_TABLE, RMS_LOOPED; override kind ``rms``). ``residual``: the fused-add variants (their
+    own looped chunk)."""
     kind = device_kind(device)
     return _apply_override("rms", _rms_config(kind, sm_count(device), n_rows, n_cols, residual))
 

@@ -40,21 +40,21 @@ P = "*bf16"
 
 
 def _norm_sig(x=P, w=P):
-    return {"x_ptr": x, "res_ptr": x, "out_ptr": x, "w_ptr": w, "n_rows": "i32", "n_cols": "i32",
-            "x_stride": "i32", "res_stride": "i32", "out_stride": "i32", "eps": "fp32"}
+    return {"x_ptr": x, "res_ptr": x, "out_ptr": x, "w_ptr": w, "b_ptr": w, "g_ptr": x, "ro_ptr": x, "n_rows": "i32",
+            "n_cols": "i32", "x_stride": "i32", "res_stride": "i32", "out_stride": "i32", "g_stride": "i32",
+            "ro_stride": "i32", "eps": "fp32"}
 
 
-def _norm_const(res=False, weight=True, gemma=False, single=True, bm=1, bn=8192, stages=1):
-    return {"HAS_RESIDUAL": res, "HAS_WEIGHT": weight, "GEMMA": gemma, "SINGLE_TILE": single,
+def _norm_const(res=False, weight=True, gemma=False, single=True, bm=1, bn=8192, stages=1, kind=None, bias=False):
+    kind = kind if kind is not None else (norm.GEMMA if gemma else norm.RMS)
+    return {"KIND": kind.value, "HAS_RESIDUAL": res, "HAS_WEIGHT": weight, "HAS_BIAS": bias, "SINGLE_TILE": single,
             "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages}
 
 
-ALIGNED_NORM = ("x_ptr", "res_ptr", "out_ptr", "w_ptr", "n_cols", "x_stride", "res_stride", "out_stride")
-_GATED_SIG = {"x_ptr": P, "z_ptr": P, "out_ptr": P, "w_ptr": P, "res_ptr": P, "res_out_ptr": P, "n_rows": "i32",
-              "group_size": "i32", "x_stride": "i32", "z_stride": "i32", "out_stride": "i32", "res_stride": "i32",
-              "res_out_stride": "i32", "eps": "fp32"}
-_LN_SIG = {"x_ptr": P, "res_ptr": P, "out_ptr": P, "w_ptr": P, "b_ptr": P, "n_rows": "i32", "n_cols": "i32",
-           "x_stride": "i32", "res_stride": "i32", "out_stride": "i32", "eps": "fp32"}
+ALIGNED_NORM = ("x_ptr", "res_ptr", "out_ptr", "w_ptr", "g_ptr", "ro_ptr", "n_cols", "x_stride", "res_stride", "out_stride",
+                "g_stride", "ro_stride")
+_GATED_SIG = {"x_ptr": P, "z_ptr": P, "out_ptr": P, "w_ptr": P, "n_rows": "i32", "group_size": "i32",
+              "x_stride": "i32", "z_stride": "i32", "out_stride": "i32", "eps": "fp32"}
 ALIGNED_LN = ALIGNED_NORM + ("b_ptr",)
 _AND_MUL_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
                 "gate_offset": "i32", "up_offset": "i32", "param": "fp32", "param2": "fp32", "param3": "fp32"}
@@ -68,7 +68,7 @@ ROW_ALIGNED = ("x_ptr", "out_ptr", "d", "x_stride", "out_stride", "gate_offset",
 
 
 def cases():
-    k = norm._rms_norm_kernel
+    k = norm._norm_kernel
     yield "rms_norm 8192", k, _norm_sig(), _norm_const(), 16, ALIGNED_NORM
     yield "rms_norm 128x32rows", k, _norm_sig(), _norm_const(bm=32, bn=128), 4, ALIGNED_NORM
     yield "rms_norm 32768", k, _norm_sig(), _norm_const(bn=32768), 32, ALIGNED_NORM
@@ -100,39 +100,41 @@ def cases():
     yield ("rms new unaligned 4231 int64", k, _norm_sig(), {**_norm_const(), **new, "EVEN_N": False, "INT64": True}, 16,
            ("x_ptr", "res_ptr", "out_ptr", "w_ptr"))
     g = norm._rms_norm_gated_kernel
-    gal = ("x_ptr", "z_ptr", "out_ptr", "w_ptr", "res_ptr", "res_out_ptr", "group_size", "x_stride", "z_stride",
-           "out_stride", "res_stride", "res_out_stride")
-    plain = {"HAS_WEIGHT": True, "HAS_RESIDUAL": False}
+    gal = ("x_ptr", "z_ptr", "out_ptr", "w_ptr", "group_size", "x_stride", "z_stride", "out_stride")
     for z, nbg, sig in ((True, False, False), (True, True, True)):
-        const = {"HAS_Z": z, "NORM_BEFORE_GATE": nbg, "SIGMOID": sig, "SINGLE_TILE": True, "BLOCK_M": 1, "BLOCK_N": 8192,
-                 **plain}
+        const = {"HAS_Z": z, "NORM_BEFORE_GATE": nbg, "SIGMOID": sig, "SINGLE_TILE": True, "BLOCK_M": 1, "BLOCK_N": 8192}
         yield f"gated z={z} nbg={nbg} sigmoid={sig}", g, _GATED_SIG, const, 16, gal
-    const = {"HAS_Z": True, "NORM_BEFORE_GATE": False, "SIGMOID": False, "SINGLE_TILE": True, "BLOCK_M": 4, "BLOCK_N": 1024,
-             **plain}
+    const = {"HAS_Z": True, "NORM_BEFORE_GATE": False, "SIGMOID": False, "SINGLE_TILE": True, "BLOCK_M": 4, "BLOCK_N": 1024}
     yield "gated group 1024 x4 rows", g, _GATED_SIG, const, 4, gal
-    const = {"HAS_Z": True, "NORM_BEFORE_GATE": True, "SIGMOID": False, "SINGLE_TILE": False, "BLOCK_M": 1, "BLOCK_N": 8192,
-             **plain}
+    const = {"HAS_Z": True, "NORM_BEFORE_GATE": True, "SIGMOID": False, "SINGLE_TILE": False, "BLOCK_M": 1, "BLOCK_N": 8192}
     yield "gated looped", g, _GATED_SIG, const, 16, gal
-    # fused_rms_norm_gated (gate after the norm, whole rows): no weight; the fp32 residual sum
-    fused = {"HAS_Z": True, "NORM_BEFORE_GATE": True, "SIGMOID": False, "SINGLE_TILE": True, "BLOCK_M": 1, "BLOCK_N": 4096}
-    yield "fused_rms_norm_gated noweight 4096", g, _GATED_SIG, dict(fused, HAS_WEIGHT=False, HAS_RESIDUAL=False), 8, gal
-    yield ("fused_add_rms_norm_gated 4096", g, dict(_GATED_SIG, res_out_ptr="*fp32"),
-           dict(fused, HAS_WEIGHT=True, HAS_RESIDUAL=True), 8, gal)
-    yield ("fused_add_rms_norm_gated looped", g, _GATED_SIG,
-           dict(fused, HAS_WEIGHT=True, HAS_RESIDUAL=True, SINGLE_TILE=False, BLOCK_N=8192), 16, gal)
-    ln = norm._layer_norm_kernel
+    # fused_rms_norm_gated / fused_add_rms_norm_gated: the row-norm kernel (KIND RMS_FP32) with a
+    # gate, no weight / an fp32 residual sum into a buffer of its own
+    fused = _norm_const(kind=norm.RMS_FP32, bn=4096)
+    yield ("fused_rms_norm_gated noweight 4096", k, _norm_sig(),
+           dict(fused, HAS_WEIGHT=False, GATE=norm.SILU_GATE.value), 8, ALIGNED_NORM)
+    yield ("fused_add_rms_norm_gated 4096", k, dict(_norm_sig(), ro_ptr="*fp32"),
+           dict(fused, HAS_RESIDUAL=True, GATE=norm.SIGMOID_GATE.value, **new), 8, ALIGNED_NORM)
+    yield ("fused_add_rms_norm_gated looped", k, dict(_norm_sig(), ro_ptr="*fp32"),
+           dict(fused, HAS_RESIDUAL=True, GATE=norm.SILU_GATE.value, SINGLE_TILE=False), 16, ALIGNED_NORM)
+    # the layer norms: the same kernel, centred (KIND LAYER / NEMOTRON), with a bias
+    ln = norm._norm_kernel
 
     def ln_const(res=False, one_plus=False, single=True, bm=1, bn=8192, stages=1, weight=True, bias=True):
-        return {"HAS_RESIDUAL": res, "HAS_WEIGHT": weight, "HAS_BIAS": bias, "ONE_PLUS": one_plus,
-                "SINGLE_TILE": single, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages}
+        return _norm_const(res=res, weight=weight, single=single, bm=bm, bn=bn, stages=stages, bias=bias,
+                           kind=norm.NEMOTRON if one_plus else norm.LAYER)
 
-    yield "layer_norm 8192", ln, _LN_SIG, ln_const(), 16, ALIGNED_LN
-    yield "layer_norm noaffine 128x32rows", ln, _LN_SIG, ln_const(weight=False, bias=False, bm=32, bn=128), 4, ALIGNED_LN
-    yield "layer_norm fp32 weight", ln, dict(_LN_SIG, w_ptr="*fp32", b_ptr="*fp32"), ln_const(), 16, ALIGNED_LN
-    yield "layer_norm looped", ln, _LN_SIG, ln_const(single=False), 16, ALIGNED_LN
-    yield "nemotron 8192", ln, _LN_SIG, ln_const(one_plus=True), 16, ALIGNED_LN
-    yield "nemotron fused_add persistent 4096", ln, _LN_SIG, ln_const(res=True, one_plus=True, bn=4096, stages=2), 8, ALIGNED_LN
-    yield "nemotron fused_add looped", ln, _LN_SIG, ln_const(res=True, one_plus=True, single=False), 16, ALIGNED_LN
+    yield "layer_norm 8192", ln, _norm_sig(), ln_const(), 16, ALIGNED_LN
+    yield "layer_norm noaffine 128x32rows", ln, _norm_sig(), ln_const(weight=False, bias=False, bm=32, bn=128), 4, ALIGNED_LN
+    yield "layer_norm fp32 weight", ln, _norm_sig(w="*fp32"), ln_const(), 16, ALIGNED_LN
+    yield "layer_norm looped", ln, _norm_sig(), ln_const(single=False, bn=4096), 16, ALIGNED_LN
+    yield "nemotron 8192", ln, _norm_sig(), ln_const(one_plus=True), 16, ALIGNED_LN
+    yield "nemotron fused_add persistent 4096", ln, _norm_sig(), ln_const(res=True, one_plus=True, bn=4096, stages=2), 8, ALIGNED_LN
+    yield "nemotron fused_add looped", ln, _norm_sig(), ln_const(res=True, one_plus=True, single=False, bn=4096), 16, ALIGNED_LN
+    for bn, warps in ((4096, 8), (8192, 16)):
+        for res, one_plus in ((False, False), (True, True)):
+            yield (f"layer new bn={bn} w={warps} res={res} nemotron={one_plus}", ln, _norm_sig(),
+                   dict(ln_const(res=res, one_plus=one_plus, bn=bn), **new), warps, ALIGNED_LN)
     for name, code in (("silu", act.SILU), ("gelu", act.GELU), ("fatrelu", act.FATRELU), ("swiglustep", act.SWIGLUSTEP),
                        ("silu_clamp", act.SILU_CLAMP), ("situ", act.SITU), ("situ_linear", act.SITU_LINEAR)):
         yield f"and_mul {name} 1x2048", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": code.value, "BLOCK_M": 1, "BLOCK_N": 2048}, 4, ROW_ALIGNED

@@ -90,10 +90,10 @@ def test_looped_variant(dtype, poison_empty):
     x, r = _x((3, 4231), dtype, 2.0), _x((3, 4231), dtype, 2.0)
     w = _x((4231,), dtype, 0.5, 1.0)
     out = torch.empty_like(x)
-    norm._norm(x, None, w, EPS, out, gemma=False, config=LOOPED)
+    norm._norm(x, None, w, EPS, out, kind=norm.RMS, config=LOOPED)
     assert_close(out, ref_rms_norm(x, w, EPS).to(dtype), dtype)
     want_out, want_res = ref_fused_add(x, r, w, EPS, gemma=True)
-    norm._norm(x, r, w, EPS, x, gemma=True, config=LOOPED)
+    norm._norm(x, r, w, EPS, x, kind=norm.GEMMA, config=LOOPED)
     assert_close(x, want_out.to(dtype), dtype)
     assert_close(r, want_res.to(dtype), dtype)
 
@@ -102,7 +102,7 @@ def test_looped_variant(dtype, poison_empty):
 def test_rows_per_program(rows_per_program, poison_empty):
     x, w = _x((13, 100), torch.float32, 2.0), _x((100,), torch.float32)
     out = torch.empty_like(x)
-    norm._norm(x, None, w, EPS, out, gemma=False, config=_tuning.RowConfig(rows_per_program, 128, 4, True))
+    norm._norm(x, None, w, EPS, out, kind=norm.RMS, config=_tuning.RowConfig(rows_per_program, 128, 4, True))
     assert_close(out, ref_rms_norm(x, w, EPS).float(), torch.float32)
 
 
@@ -114,7 +114,7 @@ def test_persistent_grid(block_m, poison_empty):
     assert _tuning.row_grid(torch.device("cpu"), cfg, 13) == ((1,), 2)
     x, r, w = _x((13, 100), torch.bfloat16, 2.0), _x((13, 100), torch.bfloat16, 2.0), _x((100,), torch.bfloat16, 0.5, 1.0)
     want_out, want_res = ref_fused_add(x, r, w, EPS)
-    norm._norm(x, r, w, EPS, x, gemma=False, config=cfg)
+    norm._norm(x, r, w, EPS, x, kind=norm.RMS, config=cfg)
     assert_close(x, want_out.bfloat16(), torch.bfloat16)
     assert_close(r, want_res.bfloat16(), torch.bfloat16)
 
@@ -156,27 +156,65 @@ _CODEGEN = [
 ]
 
 
+_KINDS = {"llama": norm.RMS, "gemma": norm.GEMMA, "layer": norm.LAYER, "nemotron": norm.NEMOTRON}
+
+
+def _kind_refs(kind, x, r, w, b):
+    """(reference of norm(x), references of the fused add's (out, residual)) of a norm kind; the
+    layer norms' fused add is Nemotron's (the one op that has it)."""
+    if kind in (norm.RMS, norm.GEMMA):
+        gemma = kind is norm.GEMMA
+        return (ref_gemma(x, w, EPS) if gemma else ref_rms_norm(x, w, EPS)), ref_fused_add(x, r, w, EPS, gemma=gemma)
+    return (ref_layer_norm(x, w, b, EPS, one_plus=kind is norm.NEMOTRON),
+            ref_fused_add_nemotron(x, r, w, b, EPS))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma"])
+@pytest.mark.parametrize("kind", list(_KINDS.values()), ids=list(_KINDS))
 @pytest.mark.parametrize("rows,width,config,expect", _CODEGEN,
                          ids=[f"{r}x{w}-{'-'.join(f'{k}{v}' for k, v in e.items())}" for r, w, _, e in _CODEGEN])
-def test_rms_codegen_knobs(rows, width, config, expect, gemma, dtype, monkeypatch):
-    """Every code-generation choice of the RMSNorm kernel (bounds checks per block / none,
-    32- / 64-bit offsets, weight first / last, eviction hint, persistent grid) on odd shapes:
-    the launcher picks the expected constexprs, and rms_norm and the fused add (outputs poisoned
-    with NaN) match the float64 references."""
-    spy = _LaunchSpy(norm._rms_norm_kernel)
-    monkeypatch.setattr(norm, "_rms_norm_kernel", spy)
-    x, r = _x((rows, width), dtype, 2.0), _x((rows, width), dtype, 2.0)
-    w = _x((width,), dtype, 0.5, 0.0 if gemma else 1.0)
+def test_norm_codegen_knobs(rows, width, config, expect, kind, dtype, monkeypatch):
+    """Every code-generation choice of the row-norm kernel (bounds checks per block / none,
+    32- / 64-bit offsets, weight first / last, eviction hint, persistent grid) on odd shapes, for
+    every norm kind: the launcher picks the expected constexprs, and the norm and the fused add
+    (outputs poisoned with NaN) match the float64 references."""
+    spy = _LaunchSpy(norm._norm_kernel)
+    monkeypatch.setattr(norm, "_norm_kernel", spy)
+    layer = kind in (norm.LAYER, norm.NEMOTRON)
+    x, r = _x((rows, width), dtype, 2.0, 1.0 if layer else 0.0), _x((rows, width), dtype, 2.0)
+    w = _x((width,), dtype, 0.5, 0.0 if kind in (norm.GEMMA, norm.NEMOTRON) else 1.0)
+    b = _x((width,), dtype, 0.5) if layer else None
+    want, (want_out, want_res) = _kind_refs(kind, x, r, w, b)
     out = torch.full_like(x, float("nan"))
-    norm._norm(x, None, w, EPS, out, gemma=gemma, config=config)
-    want = ref_gemma(x, w, EPS) if gemma else ref_rms_norm(x, w, EPS)
+    norm._norm(x, None, w, EPS, out, kind, config=config, bias=b)
     assert_close(out, want.to(dtype), dtype)
-    want_out, want_res = ref_fused_add(x, r, w, EPS, gemma=gemma)
-    norm._norm(x, r, w, EPS, x, gemma=gemma, config=config)
+    fused_kind = norm.NEMOTRON if layer else kind
+    norm._norm(x, r, w, EPS, x, fused_kind, config=config, bias=b)
     assert_close(x, want_out.to(dtype), dtype)
     assert_close(r, want_res.to(dtype), dtype)
+    assert len(spy.launches) == 2
+    for launch in spy.launches:
+        assert {k: launch[k] for k in expect} == expect
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("sigmoid", [False, True], ids=["silu", "sigmoid"])
+@pytest.mark.parametrize("rows,width,config,expect", _CODEGEN,
+                         ids=[f"{r}x{w}-{'-'.join(f'{k}{v}' for k, v in e.items())}" for r, w, _, e in _CODEGEN])
+def test_fused_gated_codegen_knobs(rows, width, config, expect, sigmoid, dtype, monkeypatch):
+    """The fused gated norms on the row-norm kernel through the same code-generation choices:
+    the gate read with x's masks and offsets, and the fp32 residual sum stored into a buffer of
+    its own (fp32 here: no rounding to x's dtype)."""
+    spy = _LaunchSpy(norm._norm_kernel)
+    monkeypatch.setattr(norm, "_norm_kernel", spy)
+    x, g = _x((rows, width), dtype, 2.0), _x((rows, width), dtype, 2.0)
+    r, w = _x((rows, width), torch.float32, 2.0), _x((width,), dtype, 0.5, 1.0)
+    got = norm.fused_rms_norm_gated(x, g, w, EPS, sigmoid, config=config)
+    assert_close(got, ref_fused_gated(x, g, w, EPS, sigmoid)[0].to(dtype), dtype)
+    y, res_out = norm.fused_add_rms_norm_gated(x, g, r, w, EPS, sigmoid, config=config)
+    want_y, want_s = ref_fused_gated(x, g, w, EPS, sigmoid, r)
+    assert_close(y, want_y.to(dtype), dtype)
+    assert_close(res_out, want_s.float(), torch.float32)
     assert len(spy.launches) == 2
     for launch in spy.launches:
         assert {k: launch[k] for k in expect} == expect
@@ -223,17 +261,20 @@ def test_rms_norm_gated_without_z_and_looped(poison_empty):
         assert_close(out, ref_gated(x, w, z, 1e-5, 300, nbg, False).bfloat16(), torch.bfloat16)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_layer_norm_looped_variant(dtype, poison_empty):
-    """The three-pass variant (mean, centred squares, writes), forced on small rows, with an
-    offset so that a one-pass variance would lose digits."""
-    x, r = _x((3, 4231), dtype, 2.0, offset=3.0), _x((3, 4231), dtype, 2.0)
-    w, b = _x((4231,), dtype, 0.5, 1.0), _x((4231,), dtype, 0.5)
-    out = torch.empty_like(x)
-    norm._layer_norm(x, None, w, b, EPS, out, one_plus=False, config=LOOPED)
+@pytest.mark.parametrize("width", [100, 2048, 4231], ids=lambda w: f"w{w}")
+@pytest.mark.parametrize("dtype,offset", [(torch.float32, 200.0), (torch.bfloat16, 3.0)], ids=str)
+def test_layer_norm_looped_variant(dtype, offset, width, poison_empty):
+    """The looped variant (Welford statistics over 1024-lane chunks, then the writes), forced on
+    rows narrower than one chunk, of whole chunks and with a tail chunk. The fp32 rows sit at
+    200 with a spread of 4: a one-pass E[x^2] - mean^2 in fp32 is off by ~1e-3 there, beyond
+    the tolerance, and a centred pass by ~7e-6."""
+    x, r = _x((3, width), dtype, 4.0, offset=offset), _x((3, width), dtype, 2.0)
+    w, b = _x((width,), dtype, 0.5, 1.0), _x((width,), dtype, 0.5)
+    out = torch.full_like(x, float("nan"))
+    norm._norm(x, None, w, EPS, out, norm.LAYER, config=LOOPED, bias=b)
     assert_close(out, ref_layer_norm(x, w, b, EPS).to(dtype), dtype)
     want_out, want_res = ref_fused_add_nemotron(x, r, w, b, EPS)
-    norm._layer_norm(x, r, w, b, EPS, x, one_plus=True, config=LOOPED)
+    norm._norm(x, r, w, EPS, x, norm.NEMOTRON, config=LOOPED, bias=b)
     assert_close(x, want_out.to(dtype), dtype)
     assert_close(r, want_res.to(dtype), dtype)
 
