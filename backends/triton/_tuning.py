@@ -159,6 +159,27 @@ LOOP_ROW: dict[str, tuple[int, int]] = {"cuda": (8192, 16)}
 RMS_LOOPED: dict[str, dict[str, int]] = {
     "cuda": {"min_rows": 8192, "min_width": 4096, "max_chunk": 4096, "lanes_per_warp": 256},
 }
+#: Per-variant changes to the row-norm picks above (``variant`` of rms_config: "rms" the RMSNorm
+#: family, "layer" the layer norms, "gated" the fused gated norms). H200 sweep 2026-12-02, bf16,
+#: table pick -> this (compile):
+#: - layer: never the looped kernel (its Welford pass measured slower than the single tile: the
+#:   old single-tile kernel ran layer_norm 32768 x 4096 in 136.5 us, the looped pick in 188.8;
+#:   compile 181.8), and ``mid_block_m`` rows per program above the decode class (4096 x 8192:
+#:   45.7 -> 36.8 us (39.2); 4096 x 4096: 18.8 -> 17.9 (25.3); nemotron 4096 x 8192 46.2 -> 37.3).
+#: - gated: ``decode_warps`` per padded width at <= 256 rows (1 / 16 / 256 x 4096: 2.13 / 2.27 /
+#:   3.72 -> 1.92 / 2.04 / 3.61 us at 16 warps; compile 2.0 / 2.3 / 3.5), and its own looped
+#:   class: from 2048 rows of 8192+ lanes, 2048-lane chunks (4096 with a residual) at 256 lanes
+#:   per warp (4096 x 8192: 57.0 -> 53.0 us (49.8); with a residual 88.6 -> 83.1 (81.8);
+#:   32768 x 8192: 397.1 -> 377.2 (370.7)).
+RMS_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
+    "cuda": {
+        "rms": {},
+        "layer": {"looped": None, "mid_block_m": 2},
+        "gated": {"decode_warps": {4096: 16},
+                  "looped": {"min_rows": 2048, "min_width": 8192, "max_chunk": 2048, "max_residual_chunk": 4096,
+                             "lanes_per_warp": 256}},
+    },
+}
 
 #: row kernels that keep the whole row live across a reduction and then quantize it (per-token
 #: fp8 quant, rms_norm + quant): single-row programs get the fewest warps (4 at least) that hold
@@ -271,23 +292,31 @@ def _row_config(kind: str, sms: int, n_rows: int, n_cols: int, quant: bool) -> R
     return RowConfig(1, chunk, _warps(kind, warps), False)
 
 
-def rms_config(device: torch.device, n_rows: int, n_cols: int, residual: bool = False) -> RowConfig:
-    """Config of the row-norm kernel (the RMSNorm family, the layer norms, the fused gated norms;
-    RMS_TABLE, RMS_LOOPED; override kind ``rms``). ``residual``: the fused-add variants (their
-    own looped chunk)."""
+def rms_config(device: torch.device, n_rows: int, n_cols: int, residual: bool = False,
+               variant: str = "rms") -> RowConfig:
+    """Config of the row-norm kernel (RMS_TABLE, RMS_LOOPED, RMS_VARIANTS; override kind
+    ``rms``). ``residual``: the fused-add variants (their own looped chunk); ``variant``: "rms"
+    (the RMSNorm family), "layer" (the layer norms) or "gated" (the fused gated norms)."""
     kind = device_kind(device)
-    return _apply_override("rms", _rms_config(kind, sm_count(device), n_rows, n_cols, residual))
+    return _apply_override("rms", _rms_config(kind, sm_count(device), n_rows, n_cols, residual, variant))
 
 
 @functools.lru_cache(maxsize=512)
-def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int, residual: bool = False) -> RowConfig:
+def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int, residual: bool = False,
+                variant: str = "rms") -> RowConfig:
     width = next_pow2(n_cols)
-    looped = _table(RMS_LOOPED, kind)
-    if n_rows > looped["min_rows"] and width >= looped["min_width"]:
-        chunk = min(width if residual else width // 2, looped["max_chunk"])
+    changes = _table(RMS_VARIANTS, kind)[variant]
+    looped = changes.get("looped", _table(RMS_LOOPED, kind))
+    if looped and n_rows > looped["min_rows"] and width >= looped["min_width"]:
+        chunk = min(width, looped.get("max_residual_chunk", looped["max_chunk"])) if residual else \
+            min(width // 2, looped["max_chunk"])
         return RowConfig(1, chunk, _warps(kind, max(1, chunk // looped["lanes_per_warp"])), False)
     for max_rows, max_width, block_m, warps, per_sm in _table(RMS_TABLE, kind):
         if n_rows <= max_rows and width <= max_width:
+            if max_rows <= 256:
+                warps = changes.get("decode_warps", {}).get(width, warps)
+            elif block_m == 1:
+                block_m = changes.get("mid_block_m", 1)
             while block_m > 1 and _cdiv(n_rows, block_m) < 2 * sms:
                 block_m //= 2
             return RowConfig(block_m, width, _warps(kind, warps), True, programs_per_sm=per_sm,

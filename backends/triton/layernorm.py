@@ -349,7 +349,8 @@ def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     """Normalises the rows of x (+ residual) into out, the sum stored into res_out (default: the
     residual itself, in place); all are row views."""
     n_rows, n_cols = x.shape
-    cfg = config or _tuning.rms_config(x.device, n_rows, n_cols, residual is not None)
+    variant = "layer" if kind.value >= LAYER.value else "gated" if gate is not None else "rms"
+    cfg = config or _tuning.rms_config(x.device, n_rows, n_cols, residual is not None, variant)
     res = residual if residual is not None else x
     ro = res_out if res_out is not None else res
     g = gate if gate is not None else x

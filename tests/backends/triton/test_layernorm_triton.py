@@ -242,6 +242,16 @@ def test_rms_size_classes_and_sweep_filters():
     assert _tuning._rms_config("cuda", 132, 32768, 5120, True) == _tuning.RowConfig(1, 4096, 16, False)
     assert _tuning._rms_config("cuda", 132, 8192, 4096).single_tile  # mid sizes keep the single tile
     assert _tuning._rms_config("cuda", 132, 32768, 2048).single_tile  # narrower rows: not measured
+    # RMS_VARIANTS: the layer norms never loop and take two rows per program above decode sizes;
+    # the fused gated norms take 16 warps at decode sizes of 4096 lanes and loop from 2048 rows
+    # of 8192 lanes, in 2048-lane chunks (4096 with a residual)
+    assert _tuning._rms_config("cuda", 132, 32768, 8192, variant="layer") == _tuning.RowConfig(2, 8192, 16, True, evict=False)
+    assert _tuning._rms_config("cuda", 132, 16, 8192, variant="layer").block_m == 1
+    assert _tuning._rms_config("cuda", 132, 16, 4096, variant="gated").num_warps == 16
+    assert _tuning._rms_config("cuda", 132, 16, 4096).num_warps == 8
+    assert _tuning._rms_config("cuda", 132, 4096, 8192, variant="gated") == _tuning.RowConfig(1, 2048, 8, False)
+    assert _tuning._rms_config("cuda", 132, 4096, 8192, True, "gated") == _tuning.RowConfig(1, 4096, 16, False)
+    assert _tuning._rms_config("cuda", 132, 4096, 4096, variant="gated").single_tile
     for tokens in (1, 16, 256, 4096, 32768):
         for width in (4096, 8192):
             alts = _tuning.sweep_alternatives(_tuning.SWEEP["rms"], tokens, width)
