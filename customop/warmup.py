@@ -39,6 +39,11 @@ _BUILDERS: list[tuple[Callable[[Any], bool], WarmupBuilder]] = []
 #: (query heads, key heads) of the op being warmed up, for rotary builders (None: unknown).
 _HEADS: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("customop_warmup_heads",
                                                                                  default=None)
+#: (head size, rotary dim) of the op being warmed up, for ApplyRotaryEmb (None: unknown).
+_HEAD_DIMS: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("customop_warmup_head_dims",
+                                                                                     default=None)
+#: builder -> why it returned no calls (what the caller can pass); the default names the heads
+_UNKNOWN: dict[Any, str] = {}
 
 #: The default token counts: one token (its own graph) and a count of the graph that serves all
 #: others. More counts add nothing unless an op's threshold needs a larger input.
@@ -100,6 +105,21 @@ def _heads_of(holder: Any) -> tuple[int, int] | None:
     return (q, kv) if isinstance(q, int) and isinstance(kv, int) else None
 
 
+def _head_dims_of(holder: Any, head_size: int | None, rotary_dim: int | None) -> tuple[int, int] | None:
+    """(head size, rotary dim): the arguments, else the holder's ``head_size`` (vLLM) or
+    ``head_dim`` (Hugging Face) and ``rotary_dim`` (default: the whole head)."""
+    if head_size is None:
+        head_size = next((v for v in (getattr(holder, "head_size", None), getattr(holder, "head_dim", None))
+                          if isinstance(v, int) and not isinstance(v, bool)), None)
+    if head_size is None:
+        return None
+    if rotary_dim is None:
+        rotary_dim = getattr(holder, "rotary_dim", None)
+        if not isinstance(rotary_dim, int) or isinstance(rotary_dim, bool):
+            rotary_dim = head_size
+    return head_size, rotary_dim
+
+
 def _holders(model_or_ops: nn.Module | Iterable[Any]) -> dict[int, nn.Module]:
     if not isinstance(model_or_ops, nn.Module):
         return {}
@@ -107,15 +127,20 @@ def _holders(model_or_ops: nn.Module | Iterable[Any]) -> dict[int, nn.Module]:
 
 
 def warmup(model_or_ops: nn.Module | Iterable[Any], *, sizes: Sequence[int] = DEFAULT_SIZES,
-           dtypes: Sequence[torch.dtype] | None = None, heads: tuple[int, int] | None = None) -> list[WarmupRow]:
+           dtypes: Sequence[torch.dtype] | None = None, heads: tuple[int, int] | None = None,
+           head_size: int | None = None, rotary_dim: int | None = None) -> list[WarmupRow]:
     """Runs each CPU op of ``model_or_ops`` (a module, walked, or CustomOp instances) once per
     token count of ``sizes`` and input dtype, with its compiled tier forced on for any input a
     larger one of the same shape class would compile, so that those graphs exist before the first
     request. ``dtypes``: the input dtypes to warm (default: each op's parameter dtype, else
     torch's default dtype). ``heads``: ``(query heads, key heads)`` per rank for the rotary ops,
     whose graphs are per head count (default: the ``num_heads``/``num_kv_heads`` of the module
-    holding each rotary op; a rotary op with neither is skipped). Returns one row per op, dtype
-    and size (or per skipped op).
+    holding each rotary op; a rotary op with neither is skipped). ``head_size`` and ``rotary_dim``:
+    ``ApplyRotaryEmb``'s x ``[S, heads, head_size]`` and cos/sin ``[S, rotary_dim / 2]`` (in x's
+    dtype), warmed for the query and the key head count (default: the holding module's
+    ``head_size`` or ``head_dim`` and ``rotary_dim``, the rotary dim else the whole head; without
+    a head size or head counts the op is skipped). Returns one row per op, dtype and size (or per
+    skipped op).
 
     Each op is warmed once per class and configuration (instances that share a class, hidden
     size and dtype share a graph). Outputs are discarded; no op's state changes. Call it in the
@@ -141,14 +166,16 @@ def warmup(model_or_ops: nn.Module | Iterable[Any], *, sizes: Sequence[int] = DE
             rows.append(WarmupRow(name, None, None,
                                   "skipped: no warm-up inputs known (customop.warmup.register_warmup)"))
             continue
-        op_heads = heads or _heads_of(holders.get(id(op)))
+        holder = holders.get(id(op))
+        op_heads = heads or _heads_of(holder)
+        op_dims = _head_dims_of(holder, head_size, rotary_dim)
         for dtype in dtypes or _dtypes_of(op):
-            signature = (type(op), dtype, repr(op), op_heads)  # extra_repr: the sizes and options
+            signature = (type(op), dtype, repr(op), op_heads, op_dims)  # extra_repr: the sizes and options
             if signature in done:
                 continue
             done.add(signature)
             for tokens in sorted(set(sizes)):
-                heads_token = _HEADS.set(op_heads)
+                heads_token, dims_token = _HEADS.set(op_heads), _HEAD_DIMS.set(op_dims)
                 try:
                     with warming_up():
                         calls = builder(op, tokens, dtype)
@@ -156,8 +183,9 @@ def warmup(model_or_ops: nn.Module | Iterable[Any], *, sizes: Sequence[int] = DE
                             op.forward_cpu(*args, **kwargs)
                 finally:
                     _HEADS.reset(heads_token)
-                rows.append(WarmupRow(name, dtype, tokens, "ran" if calls else
-                                      "skipped: head counts unknown (pass heads=(q, kv))"))
+                    _HEAD_DIMS.reset(dims_token)
+                rows.append(WarmupRow(name, dtype, tokens, "ran" if calls else _UNKNOWN.get(
+                    builder, "skipped: head counts unknown (pass heads=(q, kv))")))
     return rows
 
 
@@ -207,7 +235,7 @@ def _register_in_tree() -> None:
     from customop.ops.activation import _Activation
     from customop.ops.layernorm import GemmaRMSNorm, RMSNorm, RMSNormGated
     from customop.ops.quantization import QuantFP8
-    from customop.ops.rotary_embedding import RotaryEmbedding
+    from customop.ops.rotary_embedding import ApplyRotaryEmb, RotaryEmbedding
 
     def norm(op: Any, tokens: int, dtype: torch.dtype) -> list[Call]:
         dev = _device(op)
@@ -251,9 +279,27 @@ def _register_in_tree() -> None:
         key = _randn(tokens, kv_heads * op.head_size, dtype=dtype, device=dev)
         return [((positions, query, key), {})]
 
+    def apply_rotary(op: Any, tokens: int, dtype: torch.dtype) -> list[Call]:
+        # x [S, heads, head_size], cos/sin [S, rotary_dim / 2]: the heads, head size and rotary
+        # width are static in the graph (the key), S is the token dim; one call per head count.
+        # Contiguous cos/sin: the standalone route copies strided ones (cos, sin = g.chunk(2, -1))
+        # up to its copy bound, so these artifacts serve them too
+        heads, dims = _HEADS.get(), _HEAD_DIMS.get()
+        if heads is None or dims is None:
+            return []
+        head_size, rot = dims
+        calls: list[Call] = []
+        for count in sorted(set(heads)):
+            x = _randn(tokens, count, head_size, dtype=dtype)
+            calls.append(((x, _randn(tokens, rot // 2, dtype=dtype), _randn(tokens, rot // 2, dtype=dtype)), {}))
+        return calls
+
+    _UNKNOWN[apply_rotary] = "skipped: head counts or head size unknown (pass heads=(q, kv) and head_size=)"
+
     def plain_rotary(op: Any) -> bool:  # scaling variants that keep the base class's call form
         return isinstance(op, RotaryEmbedding) and type(op).forward_cpu is RotaryEmbedding.forward_cpu
 
     for match, builder in ((RMSNorm, norm), (GemmaRMSNorm, norm), (RMSNormGated, gated_norm),
-                           (_Activation, activation), (QuantFP8, quant), (plain_rotary, rotary)):
+                           (_Activation, activation), (QuantFP8, quant), (plain_rotary, rotary),
+                           (ApplyRotaryEmb, apply_rotary)):
         _BUILDERS.append(((lambda op, m=match: isinstance(op, m)) if isinstance(match, type) else match, builder))

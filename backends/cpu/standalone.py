@@ -206,7 +206,7 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
     first (ApplyRotaryEmb's x ``[S, heads, head_size]``: its tail shape is in the key; 2-D x is
     ``run``'s), or None where a guard fails (the caller then takes the Dynamo path). Every tensor:
     plain, on the CPU, contiguous (a strided ``[T, ...]`` argument of at most ``_COPY_MAX``
-    elements is copied first), no negation bit, autograd not recording for it. Tensor
+    bytes is copied first), no negation bit, autograd not recording for it. Tensor
     arguments of at least 2 dims that start with ``T`` (query, key; ApplyRotaryEmb's cos and sin
     ``[S, rot/2]``) share the token symbol (static in every other dim: the head counts, the head
     size, the rotary width, in the key); the others (the cos/sin cache) are static: their whole
@@ -232,7 +232,7 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
                 return None
             if a.dim() >= 2 and a.shape[0] == count:  # query, key, cos, sin: [T, ...]
                 if not a.is_contiguous():  # e.g. cos and sin chunked from one gather of the cache
-                    if a.numel() > _COPY_MAX:
+                    if a.numel() * a.element_size() > _COPY_MAX:
                         return None
                     a = a.contiguous()  # the traced layout; a few us, not Dynamo's ~20-40
                 per_token = True
@@ -261,10 +261,14 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
 _TOKENS = object()  # marks a token-tensor key (run_tokens)
 _PER_TOKEN = object()  # marks a [T, ...] argument's dtype and tail shape in a run_tokens key
 _STATIC = object()  # marks a static argument's dtype and shape in a run_tokens key
-#: run_tokens copies a strided [T, ...] argument of at most this many elements (a few us) to the
-#: traced contiguous layout; a larger one takes the Dynamo path (a copy would cost more than
-#: Dynamo's call path saves)
-_COPY_MAX = 1 << 15
+#: run_tokens copies a strided [T, ...] argument of at most this many bytes to the traced
+#: contiguous layout; a larger one takes the Dynamo path (a copy would cost more than Dynamo's
+#: call path saves). Copying cos and sin chunked from one [T, 128] tensor (2 threads, medians):
+#: 2048 tokens 10 us in bf16 (256 KiB each), 16 us in fp32 (512 KiB each); 4096 tokens 16 us in
+#: bf16, 48 us in fp32; Dynamo's call path costs ~20-40 us. Was 32K elements (64-128 KiB), which
+#: sent ApplyRotaryEmb at 2048 tokens to Dynamo's path (0.88-0.99x compile; BENCHMARKS.md,
+#: "issue 18, CPU, sixth day")
+_COPY_MAX = 1 << 19
 
 
 _PLAIN_VALUES = (*_SCALARS, str, torch.dtype)

@@ -131,10 +131,14 @@ def _autograd_records(x: torch.Tensor) -> bool:
 
 
 def _tokens(tiers: CpuTiers, x: torch.Tensor) -> int:
-    """The token count of ``x`` as the tiers see it (rows, or the leading dims' product)."""
+    """The token count of ``x`` as the tiers see it: the product of its token dims (all but its
+    ``feature_dims``; rows for ``feature_dims`` 1, ApplyRotaryEmb's S of ``[S, heads, D]``; a 1-D
+    x is all tokens)."""
     if x.dim() <= 1:
         return x.numel()
-    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+    features = x.shape[-tiers.feature_dims:] if x.dim() > tiers.feature_dims else x.shape[-1:]
+    width = features.numel()
+    return x.numel() // width if width else 0
 
 
 def _below_threshold(tiers: CpuTiers, x: torch.Tensor) -> bool:

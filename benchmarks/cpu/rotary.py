@@ -1,6 +1,7 @@
 """CPU paths of the rotary family: eager native vs torch.compile(native) vs ``forward_cpu``.
 
     .venv/bin/python -m benchmarks.cpu.rotary [--quick] [--rounds N] [--threads N] [--median]
+        [--tokens 256,2048] [--ops apply_rotary_emb] [--dtypes bf16]
 
 ``RotaryEmbedding`` (NeoX, full rotary, head 128, 32 query heads and 8 key heads, positions
 below 4096) at tokens 1-2048 in fp32 and bf16, plus ``ApplyRotaryEmb`` on the query alone.
@@ -71,6 +72,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--median", action="store_true", help="report medians instead of minima")
+    parser.add_argument("--tokens", type=lambda s: tuple(int(t) for t in s.split(",")), default=None,
+                        help="comma-separated token counts (default: all, or --quick's)")
+    parser.add_argument("--ops", type=lambda s: set(s.split(",")), default={"rotary_embedding", "apply_rotary_emb"},
+                        help="comma-separated: rotary_embedding, apply_rotary_emb (default: both)")
+    parser.add_argument("--dtypes", type=lambda s: tuple({"fp32": torch.float32, "bf16": torch.bfloat16}[d]
+                                                         for d in s.split(",")),
+                        default=(torch.float32, torch.bfloat16), help="comma-separated: fp32, bf16 (default: both)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -84,7 +92,7 @@ def main() -> None:
     print("| op | dtype | tokens | eager us | compile us | forward_cpu us | forward_cpu speedup | GB/s best |")
     print("|---|---|---|---|---|---|---|---|")
     with torch.inference_mode(), forced_platform("cpu"):
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in args.dtypes:
             ops = {}
             for mode in ("none", "all"):  # disabled: forward_native; enabled: forward_cpu
                 with customop.use_config(customop.Config(custom_ops=[mode])):
@@ -92,27 +100,30 @@ def main() -> None:
             static_rope = torch.compile(rotary_embedding, dynamic=False)
             static_apply = torch.compile(apply_rotary_emb, dynamic=False)
             cache = ops["all"][0].cos_sin_cache
-            for tokens in (QUICK_TOKENS if args.quick else TOKENS):
+            for tokens in args.tokens or (QUICK_TOKENS if args.quick else TOKENS):
                 pos = torch.randint(0, MAX_POS, (tokens,))
                 q = torch.randn(tokens, Q_HEADS * HEAD, dtype=dtype)
                 k = torch.randn(tokens, KV_HEADS * HEAD, dtype=dtype)
-                t = time_interleaved({
-                    "eager": lambda: ops["none"][0](pos, q, k),
-                    "compile": lambda: static_rope(pos, q, k, HEAD, cache, True),
-                    "forward_cpu": lambda: ops["all"][0](pos, q, k),
-                }, args.rounds, stat)
-                # read q, k and the cache rows once, write q and k once
-                nbytes = 2 * (q.numel() + k.numel()) * q.element_size() + tokens * HEAD * cache.element_size()
-                print(_row("rotary_embedding", dtype, tokens, t, nbytes), flush=True)
+                if "rotary_embedding" in args.ops:
+                    t = time_interleaved({
+                        "eager": lambda: ops["none"][0](pos, q, k),
+                        "compile": lambda: static_rope(pos, q, k, HEAD, cache, True),
+                        "forward_cpu": lambda: ops["all"][0](pos, q, k),
+                    }, args.rounds, stat)
+                    # read q, k and the cache rows once, write q and k once
+                    nbytes = 2 * (q.numel() + k.numel()) * q.element_size() + tokens * HEAD * cache.element_size()
+                    print(_row("rotary_embedding", dtype, tokens, t, nbytes), flush=True)
 
-                x = q.view(tokens, Q_HEADS, HEAD)
-                cos, sin = cache[pos].chunk(2, dim=-1)
-                t = time_interleaved({
-                    "eager": lambda: ops["none"][1](x, cos, sin),
-                    "compile": lambda: static_apply(x, cos, sin, True, False),
-                    "forward_cpu": lambda: ops["all"][1](x, cos, sin),
-                }, args.rounds, stat)
-                print(_row("apply_rotary_emb", dtype, tokens, t, 2 * x.numel() * x.element_size()), flush=True)
+                if "apply_rotary_emb" in args.ops:
+                    x = q.view(tokens, Q_HEADS, HEAD)
+                    cos, sin = cache[pos].chunk(2, dim=-1)
+                    t = time_interleaved({
+                        "eager": lambda: ops["none"][1](x, cos, sin),
+                        "compile": lambda: static_apply(x, cos, sin, True, False),
+                        "forward_cpu": lambda: ops["all"][1](x, cos, sin),
+                    }, args.rounds, stat)
+                    print(_row("apply_rotary_emb", dtype, tokens, t, 2 * x.numel() * x.element_size()), flush=True)
+
 
 if __name__ == "__main__":
     main()

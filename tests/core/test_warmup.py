@@ -189,3 +189,63 @@ def test_warmup_covers_every_width_of_the_activations_and_quant():
                     else:
                         assert_close(got, want, torch.bfloat16)
                     assert graphs() == before, (name, width, tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_warmup_apply_rotary_from_its_attention_module(monkeypatch, dtype):
+    """ApplyRotaryEmb's graphs are per head count, head size and rotary width: warmup reads
+    num_heads / num_kv_heads, head_size and rotary_dim from the module holding it (or heads= and
+    head_size=) and warms both head counts, so that requests of 1, 3 and 50 tokens (contiguous or
+    chunked cos/sin, as callers gather them) compile nothing; values within tolerance of the
+    float64 spec. Without a head size it is skipped, saying what to pass."""
+    from customop.math.rotary import apply_rotary_emb
+    from customop.ops.rotary_embedding import ApplyRotaryEmb
+
+    monkeypatch.setattr(ApplyRotaryEmb, "cpu_tiers", ApplyRotaryEmb.cpu_tiers.compiling_from(1))
+
+    class Attention(nn.Module):
+        num_heads, num_kv_heads, head_size, rotary_dim = 4, 2, 32, 16
+
+        def __init__(self):
+            super().__init__()
+            self.apply_rotary = enabled(ApplyRotaryEmb)
+
+    attn = Attention()
+    rows = customop.warmup(attn, sizes=(1, 16), dtypes=(dtype,))
+    assert [(r.op, r.tokens, r.outcome) for r in rows] == [("apply_rotary_emb", 1, "ran"),
+                                                          ("apply_rotary_emb", 16, "ran")]
+    before = graphs()
+    gen = torch.Generator().manual_seed(7)
+    for tokens in (1, 3, 50):
+        for heads in (4, 2):
+            x = torch.randn(tokens, heads, 32, generator=gen).to(dtype)
+            cache = torch.randn(tokens, 16, generator=gen).to(dtype)
+            for cos, sin in (cache.chunk(2, dim=-1), (cache[:, :8].contiguous(), cache[:, 8:].contiguous())):
+                want = apply_rotary_emb(x.double(), cos.double(), sin.double())
+                assert_close(attn.apply_rotary(x, cos, sin), want.to(dtype), dtype)
+    assert graphs() == before
+    rows = customop.warmup([attn.apply_rotary], heads=(4, 2))  # no holder, no head_size=
+    assert rows[0].outcome == ("skipped: head counts or head size unknown (pass heads=(q, kv) and "
+                               "head_size=)")
+    before = graphs()
+    rows = customop.warmup([attn.apply_rotary], sizes=(5,), dtypes=(dtype,), heads=(3, 3), head_size=8)
+    assert rows[0].outcome == "ran" and graphs() - before == 1  # one head count: one graph
+    before = graphs()
+    attn.apply_rotary(torch.randn(9, 3, 8).to(dtype), *torch.randn(9, 8).to(dtype).chunk(2, dim=-1))
+    assert graphs() == before  # rotary_dim defaults to the whole head
+
+
+@pytest.mark.slow
+def test_warmup_apply_rotary_one_token_compiles_only_where_one_token_would():
+    """One token of ApplyRotaryEmb is [1, heads, D]: its token count is 1 whatever the heads, so
+    warmup builds the one-token graph only where one token reaches the threshold (16K elements:
+    128 heads of 128, not 32 heads of 128, which run eagerly)."""
+    from customop.ops.rotary_embedding import ApplyRotaryEmb
+
+    op = enabled(ApplyRotaryEmb)
+    before = graphs()
+    customop.warmup([op], sizes=(1,), heads=(32, 32), head_size=128)
+    assert graphs() == before
+    customop.warmup([op], sizes=(1,), heads=(128, 128), head_size=128)
+    assert graphs() - before == 1

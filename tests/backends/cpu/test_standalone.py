@@ -376,3 +376,36 @@ def test_apply_rotary_takes_the_token_route(monkeypatch):
         monkeypatch.setattr(standalone, "_COPY_MAX", 8)
         assert torch.equal(op.forward_cpu(x, cos, sin), out)
         assert graphs() > before and standalone.compiles - built == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_apply_rotary_copies_strided_cos_sin_up_to_512_kib(dtype):
+    """cos/sin chunked from one gather (strided) are copied to the traced layout up to
+    ``_COPY_MAX`` bytes each (512 KiB; was 32K elements, which sent 2048 tokens of 64 rotary
+    pairs to Dynamo's path): 4231 tokens x 32 pairs (541 KiB in fp32, 270 KiB in bf16/fp16) and
+    1200 x 32 (38400 elements, above the former bound) take the artifact, no Dynamo graph, bitwise
+    the Dynamo path and close to the float64 spec; 9001 tokens (above 512 KiB in every dtype)
+    take Dynamo's path, still right."""
+    from customop.math.rotary import apply_rotary_emb
+    from customop.ops.rotary_embedding import ApplyRotaryEmb
+
+    with use_config(Config(custom_ops=["all"])):
+        op = ApplyRotaryEmb()
+    op.cpu_tiers = op.cpu_tiers.compiling_from(1)
+    dynamo = via_dynamo(op)
+    before, built = graphs(), standalone.compiles
+    got = []
+    with torch.no_grad():
+        for tokens in (7, 1200, 4231, 9001):  # 9001 last: the one Dynamo graph
+            x = randn(tokens, 2, 64, dtype=dtype, seed=tokens)
+            cos, sin = randn(tokens, 64, dtype=dtype, seed=-tokens).chunk(2, dim=-1)
+            assert not cos.is_contiguous()
+            got.append((x, cos, sin, op.forward_cpu(x, cos, sin)))
+            want = apply_rotary_emb(x.double(), cos.double(), sin.double(), op.is_neox_style)
+            assert_close(got[-1][3], want.to(dtype), dtype)
+            copied = cos.numel() * cos.element_size() <= 1 << 19
+            assert graphs() - before == (0 if copied else 1), tokens  # Dynamo only above the bound
+        assert standalone.compiles - built == 1  # one artifact for every copied token count
+        for x, cos, sin, out in got:
+            assert torch.equal(out, dynamo.forward_cpu(x, cos, sin)), x.shape
