@@ -15,10 +15,7 @@ import triton
 import triton.language as tl
 
 from customop.backends.triton import _tuning
-from customop.backends.triton._common import (
-    GRID_YZ_MAX, as_rows, device_guard, expm1_neg, gelu_erf, row_stride, silu,
-)
-from customop.backends.triton._common import gelu_tanh as tanh_gelu  # gelu_tanh: the launcher below
+from customop.backends.triton._common import GRID_YZ_MAX, as_rows, device_guard, expm1_neg, gelu_erf, row_stride
 
 # Activation codes (the kernels' ACT constexpr). Globals read inside @triton.jit code must be
 # tl.constexpr objects; launchers pass ``.value``.
@@ -31,13 +28,52 @@ _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 _GELU_FAST_C = tl.constexpr(0.7978845608)  # gelu_fast's spec inlines the constant with 10 digits
 
 
+_NEG_LOG2E = tl.constexpr(-1.4426950408889634)  # exp(-v) == exp2(v * _NEG_LOG2E)
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)
+
+
 @triton.jit
-def _tanh(v):
-    # tanh(|v|) = -m / (2 + m), m = expm1(-2|v|): no cancellation near 0 (2 sigmoid(2v) - 1 loses
-    # the relative accuracy of small results), and no device-specific tanh intrinsic
-    m = expm1_neg(-2.0 * tl.abs(v))
-    t = -m / (2.0 + m)
-    return tl.where(v < 0.0, -t, t)
+def _mul_sigmoid(x, z, k):
+    """x * sigmoid(k z) as x / (1 + exp2(z * (-k log2 e))). The same math as x * tl.sigmoid(k z)
+    (1 / (1 + exp(-v)); on NVIDIA tl.exp is ex2.approx of v * log2(e) rounded to fp32, and
+    Triton's fp32 `/` is already the approximate division, div.full.f32: <= 2 ulp, denominators
+    up to inf give 0), with fewer instructions: x divided instead of multiplied after a
+    reciprocal, no negation, and k * log2(e) one constant (folded at compile time, or once per
+    program for a runtime k), which also drops a rounding of k z. The fp32 rounding of exp2's
+    argument costs ~|k z| * 4.6e-8 of the sigmoid's relative accuracy (up to 3.8e-6, ~30 ulp, at
+    |k z| ~ 88, where the sigmoid is tiny), on the GPU before as now (tl.exp rounds v * log2(e)
+    the same way); the interpreter, which evaluated exp(-v) exactly, now shows it too."""
+    return x / (1.0 + tl.exp2(z * (k * _NEG_LOG2E)))
+
+
+@triton.jit
+def _gelu_tanh(x, C: tl.constexpr):
+    # 0.5 x (1 + tanh(u)) == x sigmoid(2u), u = C (x + 0.044715 x^3): _common.gelu_tanh's
+    # formula (no tanh intrinsic, no cancellation in 1 + tanh(u) for negative u), through _mul_sigmoid
+    return _mul_sigmoid(x, x + 0.044715 * x * x * x, 2.0 * C)
+
+
+@triton.jit
+def _tanh_scale(p):
+    """-2 / |p| (a scalar, once per program), clamped to finite: tanh(|x / p|) = -m / (2 + m) with
+    m = expm1_neg(|x| * _tanh_scale(p)) in [-1, 0]. That form has no cancellation near 0
+    (2 sigmoid(2v) - 1 loses the relative accuracy of small results) and needs no device-specific
+    tanh intrinsic; the caller divides once for all its factors (2 + m lies in [1, 2]).
+    The scale is Triton's approximate `/` (div.full.f32, <= 2 ulp; tl.math.div_rn's slow-path call
+    took the situ kernel from 48 to 64 registers on sm_90), so |x| times it is within ~2.5 ulp of
+    -2 |x / p|, about the <= 2 ulp of the per-element x / p it replaces; tanh's condition number
+    is below 1, so tanh moves by no more. A subnormal p (-2 / |p| = -inf in fp32) gets -FLT_MAX,
+    so that x = 0 gives 0 (not 0 * inf = NaN) and any other x saturates tanh, as x / p does."""
+    return tl.maximum(-2.0 / tl.abs(p), -_FLT_MAX)
+
+
+@triton.jit
+def _copysign(mag, sgn):
+    # |mag| with sgn's sign: one bit-select (LOP3 on NVIDIA) where a compare, a negation and a
+    # select would be three. (mag is fp32 on the GPU; the interpreter makes a python-float
+    # parameter outside fp32's normal range fp64, hence the cast.)
+    bits = mag.to(tl.float32).to(tl.uint32, bitcast=True) & 0x7FFFFFFF
+    return (bits | (sgn.to(tl.uint32, bitcast=True) & 0x80000000)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -54,13 +90,13 @@ def _tile_index(d, BLOCK_N: tl.constexpr, GRID2D: tl.constexpr):
 def _gate_act(a, param, ACT: tl.constexpr):
     # param: fatrelu's threshold or swiglustep's limit
     if ACT == SILU:
-        return silu(a)
+        return _mul_sigmoid(a, a, 1.0)
     elif ACT == GELU:
         return gelu_erf(a)
     elif ACT == GELU_TANH:
-        return tanh_gelu(a, _SQRT_2_OVER_PI)
+        return _gelu_tanh(a, _SQRT_2_OVER_PI)
     elif ACT == SWIGLUSTEP:
-        return tl.minimum(silu(a), param)
+        return tl.minimum(_mul_sigmoid(a, a, 1.0), param)
     else:  # FATRELU
         return tl.where(a > param, a, 0.0)
 
@@ -102,12 +138,26 @@ def _and_mul_kernel(
         b = tl.load(x_row + up_offset, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if ACT == SILU_CLAMP:
         g = tl.minimum(a, param)
-        y = g * tl.sigmoid(param2 * g) * (tl.minimum(tl.maximum(b, -param), param) + param3)
+        y = _mul_sigmoid(g, g, param2) * (tl.minimum(tl.maximum(b, -param), param) + param3)
     elif ACT == SITU or ACT == SITU_LINEAR:
-        g = param * _tanh(a / param) * tl.sigmoid(a)
+        # beta tanh(a / beta) sigmoid(a) [times linear_beta tanh(b / linear_beta)] with one
+        # division per element where the spec's formula has three (five): a / beta and
+        # b / linear_beta become products with a per-program scale (_tanh_scale), and the
+        # denominators of tanh (2 + m) and sigmoid (1 + exp(-a)) multiply into one, divided once.
+        # beta tanh(a / beta) is odd in a and even in beta: |beta| tanh(|a / beta|), then a's
+        # sign (_copysign). Triton's fp32 `/` is the approximate division (div.full.f32 on NVIDIA:
+        # <= 2 ulp; it rescales denominators above 2**126, so 1 + exp(-a) up to inf gives 0): one
+        # such division and one or two products of denominators (0.5 ulp each) replace two (four)
+        # approximate divisions, a few ulp in all as before; sigmoid's exp is rounded as
+        # _mul_sigmoid says. The gate (|beta tanh sigmoid| <= |beta|) is formed before b multiplies
+        # it, as in the spec, so a large b with a small sigmoid does not overflow on the way.
+        m = expm1_neg(tl.abs(a) * _tanh_scale(param))
+        den = (2.0 + m) * (1.0 + tl.exp2(a * _NEG_LOG2E))
         if ACT == SITU_LINEAR:
-            b = param2 * _tanh(b / param2)
-        y = g * b
+            m_up = expm1_neg(tl.abs(b) * _tanh_scale(param2))
+            b = _copysign(-tl.abs(param2) * m_up, b)
+            den = den * (2.0 + m_up)
+        y = _copysign(-tl.abs(param) * m / den, a) * b
     else:
         if ACT == SWIGLUSTEP:
             b = tl.minimum(tl.maximum(b, -param), param)
@@ -140,7 +190,7 @@ def _swigluoai_kernel(
     mask = row_mask & (cols < d)[None, :]
     g = tl.minimum(g, limit)
     u = tl.minimum(tl.maximum(u, -limit), limit)
-    y = (u + 1.0) * (g * tl.sigmoid(alpha * g))
+    y = (u + 1.0) * _mul_sigmoid(g, g, alpha)
     tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -162,7 +212,7 @@ def _gelu_sparse_kernel(
         std = tl.sqrt(tl.sum(centred * centred, axis=1) / d)
         cutoff = (mean + std * std_multiplier)[:, None]
         h = tl.maximum(a - cutoff, 0.0)
-        g = tanh_gelu(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
+        g = _gelu_tanh(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
         tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], (g * b).to(out_ptr.dtype.element_ty), mask=mask)
     else:
         # One row per program. Pass 1 merges per-chunk (count, mean, M2) (Chan et al.), which
@@ -191,7 +241,7 @@ def _gelu_sparse_kernel(
             a = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             b = tl.load(x_row + d + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             h = tl.maximum(a - cutoff, 0.0)
-            g = tanh_gelu(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
+            g = _gelu_tanh(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
             tl.store(out_ptr + row * out_stride + cols, (g * b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -215,11 +265,11 @@ def _unary_kernel(
     if ACT == GELU:
         y = gelu_erf(x)
     elif ACT == GELU_NEW or ACT == GELU_TANH:  # the same formula: gelu_tanh rounds once, as this does
-        y = tanh_gelu(x, _SQRT_2_OVER_PI)
+        y = _gelu_tanh(x, _SQRT_2_OVER_PI)
     elif ACT == GELU_FAST:
-        y = tanh_gelu(x, _GELU_FAST_C)
+        y = _gelu_tanh(x, _GELU_FAST_C)
     elif ACT == QUICK_GELU:
-        y = x * tl.sigmoid(1.702 * x)
+        y = _mul_sigmoid(x, x, 1.702)
     elif ACT == RELU2:
         r = tl.maximum(x, 0.0)
         y = r * r

@@ -10,9 +10,12 @@ import dataclasses
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from customop.backends.triton import _tuning
 from customop.backends.triton import activation as act
+from customop.ops.activation import SituAndMul
 from customop.samples.activation import BY_LABEL, CASES, DTYPES, ActivationCase
 from customop.testing import assert_close
 from tests.backends.triton.conftest import as_cpu_kernel
@@ -247,6 +250,79 @@ def test_situ_tanh_keeps_relative_accuracy_near_zero(dtype, poison_empty):
     relative = (out.double() / expected - 1).abs().max()
     # a few fp32 roundings (tanh, sigmoid, products); a cancelling tanh is off by orders of magnitude
     assert relative <= 8 * torch.finfo(dtype).eps, f"relative error {relative:.3g}"
+
+
+def _wide_values(n: int = 512) -> torch.Tensor:
+    """Magnitudes from 1e-30 to 100 of both signs (and zeros): the exp of a sigmoid / tanh at its
+    ends (underflow to 0, overflow to inf, the ~1e-30 results of |x| ~ 70) and near 0."""
+    mag = torch.logspace(-30, 2, n // 2 - 1, dtype=torch.float64)
+    return torch.cat([mag, -mag, torch.tensor([0.0, -0.0], dtype=torch.float64)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("beta,linear_beta", [(4.0, 25.0), (-4.0, None), (-0.5, -3.0), (1e-3, None), (100.0, -0.7)])
+def test_situ_wide_range_and_signs_match_float64(beta, linear_beta, dtype, poison_empty):
+    """situ_and_mul's one-division form (|beta| tanh(|a / beta|) with a's sign, the tanh and
+    sigmoid denominators multiplied, a / beta as a product with -2 / |beta|) over the whole range:
+    gate and up each from 1e-30 to 100 of both signs against the other half's values shuffled,
+    negative / tiny / large beta and linear_beta, every dtype."""
+    vals = _wide_values()
+    shuffled = vals[torch.randperm(vals.numel(), generator=torch.Generator().manual_seed(0))]
+    x = torch.stack([torch.cat([vals, shuffled]), torch.cat([shuffled, vals])]).to(dtype)
+    out = act.situ_and_mul(x, beta, linear_beta)
+    assert_close(out, reference(BY_LABEL["situ_and_mul"], x.double(), SituAndMul(beta, linear_beta)), dtype)
+
+
+def test_situ_special_values(poison_empty):
+    """Infinite gates saturate (|beta| b and -0), zeros stay 0, also with a subnormal beta (whose
+    -2 / |beta| overflows in fp32; _tanh_scale clamps it, see the next test)."""
+    a = torch.tensor([float("inf"), -float("inf"), 0.0, -0.0, 1.0, -3.0])
+    x = torch.cat([a, torch.full_like(a, -2.0)])[None, :]
+    for beta, linear_beta in [(4.0, None), (-4.0, 25.0), (1e-40, None), (1e-40, 1e-40)]:
+        out = act.situ_and_mul(x, beta, linear_beta)
+        expected = reference(BY_LABEL["situ_and_mul"], x.double(), SituAndMul(beta, linear_beta))
+        assert not out.isnan().any(), f"beta={beta} linear_beta={linear_beta}: {out}"
+        assert_close(out, expected, torch.float32, what=f"beta={beta} linear_beta={linear_beta}")
+
+
+@triton.jit
+def _tanh_scale_kernel(p_ptr, out_ptr, x_ptr, tanh_ptr):
+    scale = act._tanh_scale(tl.load(p_ptr))
+    tl.store(out_ptr, scale)
+    offs = tl.arange(0, 4)
+    m = act.expm1_neg(tl.abs(tl.load(x_ptr + offs)) * scale)
+    tl.store(tanh_ptr + offs, -m / (2.0 + m))
+
+
+@pytest.mark.parametrize("p", [4.0, -0.5, 1e-40, -1e-45])
+def test_tanh_scale_is_finite(p):
+    """-2 / |p| from an fp32 p (a kernel argument is fp32 on the GPU; the interpreter keeps a
+    python float outside fp32's normal range in fp64, so situ_and_mul's own test cannot reach
+    this): a subnormal p gets -FLT_MAX instead of -inf, so tanh(0 / p) is 0 rather than NaN and
+    tanh(+-1 / p) saturates to 1."""
+    p32 = torch.tensor([p], dtype=torch.float32)
+    scale, tanh = torch.empty(1), torch.empty(4)
+    _tanh_scale_kernel[(1,)](p32, scale, torch.tensor([0.0, -0.0, 1.0, -1.0]), tanh)
+    flt_max = torch.finfo(torch.float32).max
+    assert scale.item() == max(-2.0 / abs(float(p32)), -flt_max)
+    want = torch.tanh(torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64) / abs(float(p32)))
+    assert_close(tanh, want, torch.float32)
+
+
+@pytest.mark.parametrize("label", ["silu_and_mul", "mul_and_silu", "swiglustep_and_mul",
+                                   "silu_and_mul_with_clamp[1.702,1]", "swigluoai_and_mul", "gelu_and_mul[tanh]",
+                                   "gelu_tanh", "gelu_new", "gelu_fast", "quick_gelu"])
+def test_sigmoid_forms_wide_range(label, poison_empty):
+    """The ops whose sigmoid is x / (1 + exp2(z * -k log2 e)) (_mul_sigmoid) from 1e-30 to 100 of
+    both signs in fp32: the exp at its ends (0, inf: the quotient is then x or +-0, no NaN) and
+    where the result is small."""
+    case = BY_LABEL[label]
+    vals = _wide_values()
+    shuffled = vals[torch.randperm(vals.numel(), generator=torch.Generator().manual_seed(1))]
+    x = torch.stack([torch.cat([vals, shuffled]), torch.cat([shuffled, vals])]).float() if case.gated else vals.float()
+    out, expected = run_launcher(case, x)
+    assert not out.isnan().any()
+    assert_close(out, expected, torch.float32)
 
 
 def test_gelu_and_mul_rejects_unknown_approximation():
