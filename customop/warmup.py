@@ -281,9 +281,9 @@ def _register_in_tree() -> None:
 
     def apply_rotary(op: Any, tokens: int, dtype: torch.dtype) -> list[Call]:
         # x [S, heads, head_size], cos/sin [S, rotary_dim / 2]: the heads, head size and rotary
-        # width are static in the graph (the key), S is the token dim; one call per head count.
-        # Contiguous cos/sin: the standalone route copies strided ones (cos, sin = g.chunk(2, -1))
-        # up to its copy bound, so these artifacts serve them too
+        # width are static in the graph (the key), S is the token dim; per head count, cos/sin
+        # contiguous and chunked from one [S, rotary_dim] gather (as callers make them, Hugging
+        # Face's halves too): the standalone route traces row-strided ones with their stride
         heads, dims = _HEADS.get(), _HEAD_DIMS.get()
         if heads is None or dims is None:
             return []
@@ -291,7 +291,8 @@ def _register_in_tree() -> None:
         calls: list[Call] = []
         for count in sorted(set(heads)):
             x = _randn(tokens, count, head_size, dtype=dtype)
-            calls.append(((x, _randn(tokens, rot // 2, dtype=dtype), _randn(tokens, rot // 2, dtype=dtype)), {}))
+            cos, sin = _randn(tokens, 2 * (rot // 2), dtype=dtype).chunk(2, dim=-1)
+            calls += [((x, cos, sin), {}), ((x, cos.contiguous(), sin.contiguous()), {})]
         return calls
 
     _UNKNOWN[apply_rotary] = "skipped: head counts or head size unknown (pass heads=(q, kv) and head_size=)"

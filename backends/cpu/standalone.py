@@ -205,8 +205,9 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
     a token tensor: 1-D (rotary's positions ``[T]``) or ``[T, ...]`` of 3+ dims, static past its
     first (ApplyRotaryEmb's x ``[S, heads, head_size]``: its tail shape is in the key; 2-D x is
     ``run``'s), or None where a guard fails (the caller then takes the Dynamo path). Every tensor:
-    plain, on the CPU, contiguous (a strided ``[T, ...]`` argument of at most ``_COPY_MAX``
-    bytes is copied first), no negation bit, autograd not recording for it. Tensor
+    plain, on the CPU, contiguous (a ``[T, ...]`` argument with contiguous rows at a fixed stride
+    is traced with that stride, which is in the key; another strided one of at most
+    ``_COPY_MAX`` elements is copied first), no negation bit, autograd not recording for it. Tensor
     arguments of at least 2 dims that start with ``T`` (query, key; ApplyRotaryEmb's cos and sin
     ``[S, rot/2]``) share the token symbol (static in every other dim: the head counts, the head
     size, the rotary width, in the key); the others (the cos/sin cache) are static: their whole
@@ -231,12 +232,18 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
             if not a.is_cpu or a.is_neg() or (grad and a.requires_grad):
                 return None
             if a.dim() >= 2 and a.shape[0] == count:  # query, key, cos, sin: [T, ...]
-                if not a.is_contiguous():  # e.g. cos and sin chunked from one gather of the cache
-                    if a.numel() * a.element_size() > _COPY_MAX:
-                        return None
-                    a = a.contiguous()  # the traced layout; a few us, not Dynamo's ~20-40
+                row_stride = None
+                if not a.is_contiguous():
+                    # cos and sin chunked from one gather, a query sliced from qkv: contiguous rows
+                    # at a fixed stride, traced as they are (the stride in the key); another layout
+                    # is copied while one thread copies it, else Dynamo's path
+                    row_stride = _row_stride(a)
+                    if row_stride is None:
+                        if a.numel() > _COPY_MAX:
+                            return None
+                        a = a.contiguous()  # the traced layout; a few us, not Dynamo's ~20-40
                 per_token = True
-                key += (_PER_TOKEN, a.dtype, a.shape[1:])
+                key += (_PER_TOKEN, a.dtype, a.shape[1:], row_stride)
             elif not a.is_contiguous():
                 return None
             else:  # the cache: static
@@ -261,14 +268,27 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
 _TOKENS = object()  # marks a token-tensor key (run_tokens)
 _PER_TOKEN = object()  # marks a [T, ...] argument's dtype and tail shape in a run_tokens key
 _STATIC = object()  # marks a static argument's dtype and shape in a run_tokens key
-#: run_tokens copies a strided [T, ...] argument of at most this many bytes to the traced
-#: contiguous layout; a larger one takes the Dynamo path (a copy would cost more than Dynamo's
-#: call path saves). Copying cos and sin chunked from one [T, 128] tensor (2 threads, medians):
-#: 2048 tokens 10 us in bf16 (256 KiB each), 16 us in fp32 (512 KiB each); 4096 tokens 16 us in
-#: bf16, 48 us in fp32; Dynamo's call path costs ~20-40 us. Was 32K elements (64-128 KiB), which
-#: sent ApplyRotaryEmb at 2048 tokens to Dynamo's path (0.88-0.99x compile; BENCHMARKS.md,
-#: "issue 18, CPU, sixth day")
-_COPY_MAX = 1 << 19
+#: run_tokens copies a strided [T, ...] argument that is not row-strided (``_row_stride``) of at
+#: most this many elements to the traced contiguous layout; a larger one takes the Dynamo path.
+#: ATen copies up to 32K elements in one thread (its grain size); a larger copy opens an OpenMP
+#: region of its own, and on a loaded 2-core box each region can stall for a scheduler tick: a
+#: copy of 2048 x 64-element cos and sin ran ApplyRotaryEmb's medians at 2-3x torch.compile's
+#: (mins equal; BENCHMARKS.md, "issue 18, CPU, sixth day"), so row-strided ones are traced as
+#: they are instead
+_COPY_MAX = 1 << 15
+
+
+def _row_stride(a: torch.Tensor) -> int | None:
+    """``a.stride(0)`` where every row of ``a`` (``[T, ...]``, T >= 2) is contiguous and the rows do
+    not overlap, the rows at a fixed stride (cos and sin chunked from one ``[T, rot]`` gather, a
+    query sliced from qkv); None for any other layout."""
+    expected = 1
+    for size, stride in zip(reversed(a.shape[1:]), reversed(a.stride()[1:])):
+        if size != 1 and stride != expected:
+            return None
+        expected *= size
+    row = a.stride(0)
+    return row if row >= expected else None
 
 
 _PLAIN_VALUES = (*_SCALARS, str, torch.dtype)

@@ -119,11 +119,18 @@ def _trace(form: Callable[..., Any], tensors: list[torch.Tensor], args: tuple[An
             # equal sizes share one symbol (duck sizing): x and the row tensors, one rows symbol;
             # a 1-D x (run_tokens' positions): x and the [T, ...] tensors
             token = t.dim() == 2 if hidden is not None else (t is tensors[0] or (t.dim() >= 2 and t.shape[0] == rows))
+            if token and rows > 1 and fakes and not t.is_contiguous():
+                # run_tokens' row-strided [T, ...] argument (cos/sin chunked from one gather): its
+                # strides as they are (static: they do not depend on T), T the shared symbol
+                with mode:
+                    return torch.empty_strided((fakes[0].shape[0], *t.shape[1:]), t.stride(), dtype=t.dtype)
             dims = [DimDynamic.DUCK if rows > 1 and token and d == 0 else DimDynamic.STATIC
                     for d in range(t.dim())]
             return mode.from_tensor(t.detach(), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
 
-        fakes: list[Any] = [fake(t) for t in tensors]
+        fakes: list[Any] = []
+        for t in tensors:
+            fakes.append(fake(t))
 
         def graph(*ts: torch.Tensor) -> Any:
             return call(ts)

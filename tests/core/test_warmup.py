@@ -196,8 +196,8 @@ def test_warmup_covers_every_width_of_the_activations_and_quant():
 def test_warmup_apply_rotary_from_its_attention_module(monkeypatch, dtype):
     """ApplyRotaryEmb's graphs are per head count, head size and rotary width: warmup reads
     num_heads / num_kv_heads, head_size and rotary_dim from the module holding it (or heads= and
-    head_size=) and warms both head counts, so that requests of 1, 3 and 50 tokens (contiguous or
-    chunked cos/sin, as callers gather them) compile nothing; values within tolerance of the
+    head_size=) and warms both head counts and both cos/sin layouts (contiguous, and chunked from
+    one gather: row-strided, traced so), so that requests of 1, 3 and 50 tokens compile nothing; values within tolerance of the
     float64 spec. Without a head size it is skipped, saying what to pass."""
     from customop.math.rotary import apply_rotary_emb
     from customop.ops.rotary_embedding import ApplyRotaryEmb
@@ -230,7 +230,7 @@ def test_warmup_apply_rotary_from_its_attention_module(monkeypatch, dtype):
                                "head_size=)")
     before = graphs()
     rows = customop.warmup([attn.apply_rotary], sizes=(5,), dtypes=(dtype,), heads=(3, 3), head_size=8)
-    assert rows[0].outcome == "ran" and graphs() - before == 1  # one head count: one graph
+    assert rows[0].outcome == "ran" and graphs() - before == 2  # one head count: two cos/sin layouts
     before = graphs()
     attn.apply_rotary(torch.randn(9, 3, 8).to(dtype), *torch.randn(9, 8).to(dtype).chunk(2, dim=-1))
     assert graphs() == before  # rotary_dim defaults to the whole head

@@ -343,9 +343,9 @@ def test_rotary_takes_the_token_route(dtype):
 @pytest.mark.slow
 def test_apply_rotary_takes_the_token_route(monkeypatch):
     """ApplyRotaryEmb's compiled tier without Dynamo (``run_tokens`` with a 3-D x): x ``[S, heads,
-    D]`` and cos/sin ``[S, rot/2]`` (chunked from one tensor: strided, copied) share the token
-    symbol. One artifact for every S of two or more, one for S == 1, no Dynamo graph, bitwise the
-    Dynamo path, close to the float64 spec; a 4-D x, a strided x and a strided cos/sin above
+    D]`` and cos/sin ``[S, rot/2]`` (chunked from one tensor: row-strided, traced so) share the
+    token symbol. One artifact for every S of two or more, one for S == 1, no Dynamo graph, bitwise
+    the Dynamo path, close to the float64 spec; a 4-D x, a strided x and a transposed cos/sin above
     ``_COPY_MAX`` take Dynamo's path and stay right. bf16 only (~5 s a dtype; fp32 is the same
     route, and test_rotary_embedding.py covers its values)."""
     from customop.math.rotary import apply_rotary_emb
@@ -373,39 +373,66 @@ def test_apply_rotary_takes_the_token_route(monkeypatch):
         assert torch.equal(op.forward_cpu(x.unsqueeze(0), cos, sin)[0], out)  # 4-D: Dynamo's path
         x_strided = torch.empty(4, 7, 32, dtype=dtype).transpose(0, 1).copy_(x)
         assert torch.equal(op.forward_cpu(x_strided, cos, sin), out)
+        cos_t, sin_t = (torch.empty(8, 7, dtype=dtype).t().copy_(t) for t in (cos, sin))  # not row-strided
         monkeypatch.setattr(standalone, "_COPY_MAX", 8)
-        assert torch.equal(op.forward_cpu(x, cos, sin), out)
+        assert torch.equal(op.forward_cpu(x, cos_t, sin_t), out)
         assert graphs() > before and standalone.compiles - built == 2
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_apply_rotary_copies_strided_cos_sin_up_to_512_kib(dtype):
-    """cos/sin chunked from one gather (strided) are copied to the traced layout up to
-    ``_COPY_MAX`` bytes each (512 KiB; was 32K elements, which sent 2048 tokens of 64 rotary
-    pairs to Dynamo's path): 4231 tokens x 32 pairs (541 KiB in fp32, 270 KiB in bf16/fp16) and
-    1200 x 32 (38400 elements, above the former bound) take the artifact, no Dynamo graph, bitwise
-    the Dynamo path and close to the float64 spec; 9001 tokens (above 512 KiB in every dtype)
-    take Dynamo's path, still right."""
+def test_row_strided_token_arguments_are_traced_as_they_are(dtype):
+    """cos/sin chunked from one gather (rows contiguous at a fixed stride) are traced with their
+    stride, not copied (a copy above 32K elements opened an OpenMP region of its own, and was
+    refused above that: 2048 tokens of 64 rotary pairs took Dynamo's path): 7, 1200, 4231 and 9001
+    tokens share one artifact, no Dynamo graph, bitwise the Dynamo path and close to the float64
+    spec; contiguous cos/sin get an artifact of their own, bitwise the same values; a transposed
+    cos/sin (not row-strided) is copied up to ``_COPY_MAX`` elements and takes Dynamo's path
+    above. RotaryEmbedding's query and key sliced from one qkv tensor take the same route."""
     from customop.math.rotary import apply_rotary_emb
-    from customop.ops.rotary_embedding import ApplyRotaryEmb
+    from customop.ops.rotary_embedding import ApplyRotaryEmb, RotaryEmbedding
 
     with use_config(Config(custom_ops=["all"])):
         op = ApplyRotaryEmb()
+        rope = RotaryEmbedding(32, 32, 64, 10000.0, True, dtype)
     op.cpu_tiers = op.cpu_tiers.compiling_from(1)
+    rope.cpu_tiers = rope.cpu_tiers.compiling_from(1)
     dynamo = via_dynamo(op)
     before, built = graphs(), standalone.compiles
     got = []
     with torch.no_grad():
-        for tokens in (7, 1200, 4231, 9001):  # 9001 last: the one Dynamo graph
+        for tokens in (7, 1200, 4231, 9001):
             x = randn(tokens, 2, 64, dtype=dtype, seed=tokens)
             cos, sin = randn(tokens, 64, dtype=dtype, seed=-tokens).chunk(2, dim=-1)
             assert not cos.is_contiguous()
             got.append((x, cos, sin, op.forward_cpu(x, cos, sin)))
             want = apply_rotary_emb(x.double(), cos.double(), sin.double(), op.is_neox_style)
             assert_close(got[-1][3], want.to(dtype), dtype)
-            copied = cos.numel() * cos.element_size() <= 1 << 19
-            assert graphs() - before == (0 if copied else 1), tokens  # Dynamo only above the bound
-        assert standalone.compiles - built == 1  # one artifact for every copied token count
+        assert graphs() == before and standalone.compiles - built == 1
+        for x, cos, sin, out in got[:2]:
+            assert torch.equal(op.forward_cpu(x, cos.contiguous(), sin.contiguous()), out)
+        assert graphs() == before and standalone.compiles - built == 2
         for x, cos, sin, out in got:
             assert torch.equal(out, dynamo.forward_cpu(x, cos, sin)), x.shape
+        x, cos, sin, out = got[0]  # 7 tokens: 224 elements, copied
+        built, before = standalone.compiles, graphs()
+        cos_t, sin_t = (torch.empty(32, 7, dtype=dtype).t().copy_(t) for t in (cos, sin))
+        assert torch.equal(op.forward_cpu(x, cos_t, sin_t), out)
+        assert graphs() == before and standalone.compiles == built
+        x, cos, sin, out = got[1]  # 1200 tokens: 38400 elements, above _COPY_MAX
+        cos_t, sin_t = (torch.empty(32, 1200, dtype=dtype).t().copy_(t) for t in (cos, sin))
+        assert torch.equal(op.forward_cpu(x, cos_t, sin_t), out)
+        assert graphs() - before == 1 and standalone.compiles == built  # Dynamo's path
+
+        built, before = standalone.compiles, graphs()
+        for tokens in (5, 300):
+            pos = torch.randint(0, 64, (tokens,), generator=torch.Generator().manual_seed(tokens))
+            qkv = randn(tokens, 4 * 32 + 2 * 2 * 32, dtype=dtype, seed=tokens)
+            q, k = qkv[:, :128], qkv[:, 128:192]  # rows at qkv's stride
+            out_q, out_k = rope.forward_cpu(pos, q, k)
+            want_q, want_k = rope.forward_cpu(pos, q.contiguous(), k.contiguous())
+            assert torch.equal(out_q, want_q) and torch.equal(out_k, want_k)
+            ref_q, ref_k = rope.forward_native(pos, q.double(), k.double())
+            assert_close(out_q, ref_q.to(dtype), dtype)
+            assert_close(out_k, ref_k.to(dtype), dtype)
+        assert graphs() == before and standalone.compiles - built == 2  # strided and contiguous
