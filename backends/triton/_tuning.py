@@ -455,7 +455,11 @@ SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
     # of dependent work per thread, e.g. erf's branches), on the 2-D grid
     + tuple({"grid2d": True, "block_n": n, "num_warps": w, "_tokens": (0, 256)}
             for n, w in ((128, 4), (256, 4), (256, 8), (512, 8), (512, 16), (1024, 16)))
-    + tuple({"evict": False, "block_n": n, "num_warps": w, "_tokens": (257, _INF)} for n, w in ((1024, 4), (2048, 8))),
+    + tuple({"evict": False, "block_n": n, "num_warps": w, "_tokens": (257, _INF)} for n, w in ((1024, 4), (2048, 8)))
+    # more elements per thread beyond decode sizes (the compute-bound situ measured 168 / 143 / 130
+    # us at 4 / 8 / 16 per thread, 4096 x 2 x 14336), with the width as a constant
+    + tuple({"const_width": True, "block_n": n, "num_warps": w, "_tokens": (257, _INF)}
+            for n, w in ((1024, 1), (2048, 2), (4096, 4), (2048, 4))),
     # the unary ops: the previous kernel's code (bounds checks and int64 offsets everywhere), no
     # eviction hint, then block sizes and warps
     "flat": ({"even": False, "int32": False}, {"evict": False}, {"evict": False, "block_n": 1024, "num_warps": 4})
