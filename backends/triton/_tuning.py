@@ -207,7 +207,8 @@ TILE_TABLE: dict[str, dict[str, int]] = {
     "cuda": {"tile_elems": 1024, "tile_min_n": 1024, "flat_elems": 2048, "flat_min": 1024, "elems_per_warp": 512,
              "small_elems_per_warp": 256, "decode_tokens": 256, "decode_min_n": 1024,
              "stream_tile_elems": 2048, "stream_elems_per_warp": 256, "stream_flat_numel": 1 << 20,
-             "stream_flat_elems": 1024, "small_grid_tile_n": 512, "small_grid_elems_per_warp": 64},
+             "stream_flat_elems": 1024, "small_grid_tile_n": 512, "small_grid_elems_per_warp": 64,
+             "compute_elems_per_warp": 256},
 }
 #: (tile, decode rows) up to ``decode_tokens`` rows the gated tile may shrink to ``decode_min_n``
 #: columns (instead of ``tile_min_n``) to spread the few rows over more SMs; the ``tile`` sweep's
@@ -223,6 +224,11 @@ TILE_TABLE: dict[str, dict[str, int]] = {
 #: gelu tanh 1.37 -> 1.32 / 1.61 -> 1.55 (1.38 / 1.64), fatrelu 1.26 -> 1.27 / 1.46 -> 1.44
 #: (1.28 / 1.39); quick_gelu 1 / 16 x 8192 1.30 -> 1.24 / 1.40 -> 1.34 (1.25 / 1.41). At 256
 #: tokens the small tiles lost (gelu tanh 7.55 against 6.43 us): the class stops at two programs per SM.
+#: ``compute_elems_per_warp``: situ_and_mul (two tanh and a sigmoid per element, bound by the
+#: special-function units) beyond the small grids: 1024-element tiles at 4 warps, Inductor's
+#: pointwise shape. H200 sweep 2026-12-02, bf16, x 2 x 14336, libdevice tanh, 2 warps -> 4
+#: (compile): 256 tokens 10.58 -> 9.06 us (9.08), 4096 126.2 -> 118.5 (104.6), 32768 985.6 ->
+#: 933.2 (846.0); 16 and 32 elements per thread were slower (126-177 us at 4096).
 #: per-token-group quant: elements per program (whole groups of one row), per thread, and the
 #: smallest program; 32 groups of 128 at 4 warps take ~55 registers: nine programs (72 KB of
 #: loads) in flight per SM, against six (48 KB) at 8 warps
@@ -342,17 +348,21 @@ def _small_grid_warps(kind: str, t: dict[str, int], elems: int) -> int:
     return _warps(kind, max(1, min(8, elems // t["small_grid_elems_per_warp"])))
 
 
-def tile_config(device: torch.device, n_rows: int, n_cols: int, streaming_class: bool = True) -> TileConfig:
+def tile_config(device: torch.device, n_rows: int, n_cols: int, streaming_class: bool = True,
+                compute_bound: bool = False) -> TileConfig:
     """2-D elementwise tile over an ``[n_rows, n_cols]`` output. ``streaming_class=False`` keeps
     the mid-size tile at streaming sizes too, for the ops not measured faster in the streaming one
     (gelu_and_mul's erf gate, compute-bound there, ran at 99.4 / 789.7 us at 4096 / 32768 x 2 x
-    14336 in it against 93.4 / 737.2 in the mid-size tile; H200, 2026-12-02 / 2026-11-29)."""
+    14336 in it against 93.4 / 737.2 in the mid-size tile; H200, 2026-12-02 / 2026-11-29).
+    ``compute_bound``: the mid-size tile at TILE_TABLE's ``compute_elems_per_warp`` (situ)."""
     kind = device_kind(device)
-    return _apply_override("tile", _tile_config(kind, sm_count(device), n_rows, n_cols, streaming_class))
+    return _apply_override("tile", _tile_config(kind, sm_count(device), n_rows, n_cols, streaming_class,
+                                                compute_bound))
 
 
 @functools.lru_cache(maxsize=512)
-def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class: bool = True) -> TileConfig:
+def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class: bool = True,
+                 compute_bound: bool = False) -> TileConfig:
     t = _table(TILE_TABLE, kind)
     stream = streaming_class and n_rows > t["decode_tokens"]
     elems = t["stream_tile_elems"] if stream else t["tile_elems"]
@@ -366,7 +376,12 @@ def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class:
     while block_n > min_n and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
         block_n //= 2
     small = _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms
-    per_warp = t["small_elems_per_warp"] if small else t["stream_elems_per_warp"] if stream else t["elems_per_warp"]
+    if small:
+        per_warp = t["small_elems_per_warp"]
+    elif stream:
+        per_warp = t["stream_elems_per_warp"]
+    else:
+        per_warp = t["compute_elems_per_warp" if compute_bound else "elems_per_warp"]
     warps = max(1, min(8, block_m * block_n // per_warp))
     return TileConfig(block_m, block_n, _warps(kind, warps), evict=not stream,
                       grid2d=n_rows <= t["decode_tokens"])
@@ -459,7 +474,8 @@ SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
     # more elements per thread beyond decode sizes (the compute-bound situ measured 168 / 143 / 130
     # us at 4 / 8 / 16 per thread, 4096 x 2 x 14336), with the width as a constant
     + tuple({"const_width": True, "block_n": n, "num_warps": w, "_tokens": (257, _INF)}
-            for n, w in ((1024, 1), (2048, 2), (4096, 4), (2048, 4))),
+            for n, w in ((1024, 1), (2048, 2), (4096, 4), (2048, 4), (1024, 4), (1024, 8)))
+    + ({"const_width": True, "evict": False, "block_n": 1024, "num_warps": 4, "_tokens": (257, _INF)},),
     # the unary ops: the previous kernel's code (bounds checks and int64 offsets everywhere), no
     # eviction hint, then block sizes and warps
     "flat": ({"even": False, "int32": False}, {"evict": False}, {"evict": False, "block_n": 1024, "num_warps": 4})

@@ -321,6 +321,9 @@ def _gated_io(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 #: -> 1.02x); erf (compute-bound there) and swigluoai (87.0 -> 89.1 us at 4096) were slower in it,
 #: the clamp / situ / swiglustep codes were not measured: they keep the mid-size tile
 _STREAMING_TILE_ACTS = frozenset(code.value for code in (SILU, FATRELU, GELU_TANH))
+#: the activations bound by the special-function units (two tanh and a sigmoid per element):
+#: _tuning's compute-bound tile (TILE_TABLE's ``compute_elems_per_warp``)
+_COMPUTE_BOUND_ACTS = frozenset(code.value for code in (SITU, SITU_LINEAR))
 
 
 #: the row blocks of a 2-D tile grid ride the grid's second axis (a module name: tests patch it)
@@ -335,7 +338,8 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
     if out.numel() == 0:
         return out
     streaming = kernel is _and_mul_kernel and constexprs["ACT"] in _STREAMING_TILE_ACTS
-    cfg = config or _tuning.tile_config(x.device, n_rows, d, streaming_class=streaming)
+    compute_bound = kernel is _and_mul_kernel and constexprs["ACT"] in _COMPUTE_BOUND_ACTS
+    cfg = config or _tuning.tile_config(x.device, n_rows, d, streaming_class=streaming, compute_bound=compute_bound)
     row_blocks, col_blocks = triton.cdiv(n_rows, cfg.block_m), triton.cdiv(d, cfg.block_n)
     grid2d = cfg.grid2d and row_blocks <= _GRID_Y
     grid = (col_blocks, row_blocks) if grid2d else (row_blocks * col_blocks,)

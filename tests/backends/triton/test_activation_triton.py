@@ -207,6 +207,9 @@ def test_tile_decode_class_and_sweep_filters():
     assert not _tuning._tile_config("cuda", 132, 257, 14336).grid2d
     assert _tuning._tile_config("cuda", 132, 32768, 14336) == _tuning.TileConfig(1, 2048, 8, evict=False)
     assert _tuning._tile_config("cuda", 132, 32768, 14336, False) == _tuning.TileConfig(1, 1024, 2)  # erf gate
+    # situ (compute-bound): the mid-size tile at 4 warps beyond the small grids
+    assert _tuning._tile_config("cuda", 132, 32768, 14336, False, True) == _tuning.TileConfig(1, 1024, 4)
+    assert _tuning._tile_config("cuda", 132, 16, 14336, False, True) == _tuning.TileConfig(1, 512, 8, grid2d=True)
     # the unary streaming class, and per-tensor quant's flat blocks left as they were
     assert _tuning._flat_config("cuda", 132, 32768 * 8192, True) == _tuning.TileConfig(1, 1024, 4, evict=False)
     assert _tuning._flat_config("cuda", 132, 32768 * 8192) == _tuning.TileConfig(1, 2048, 4)
@@ -373,22 +376,24 @@ def test_library_op_runs_kernel_and_passes_opcheck_and_compile(case):
     assert not calls
 
 
-@pytest.mark.parametrize("label,streaming", [("silu_and_mul", True), ("mul_and_silu", True), ("fatrelu_and_mul", True),
-                                             ("gelu_and_mul[tanh]", True), ("gelu_and_mul[none]", False),
-                                             ("swigluoai_and_mul", False), ("swiglustep_and_mul", False)])
-def test_streaming_tile_only_for_the_measured_gated_ops(label, streaming, monkeypatch):
-    """Above the decode rows only the gated ops measured faster in the streaming tile ask for it;
-    the others keep the mid-size tile at every size (and the result is right either way)."""
+@pytest.mark.parametrize("label,streaming,compute_bound", [
+    ("silu_and_mul", True, False), ("mul_and_silu", True, False), ("fatrelu_and_mul", True, False),
+    ("gelu_and_mul[tanh]", True, False), ("gelu_and_mul[none]", False, False), ("swigluoai_and_mul", False, False),
+    ("swiglustep_and_mul", False, False), ("situ_and_mul[4,25]", False, True)])
+def test_streaming_tile_only_for_the_measured_gated_ops(label, streaming, compute_bound, monkeypatch):
+    """Above the decode rows only the gated ops measured faster in the streaming tile ask for it,
+    and only situ for the compute-bound tile; the others keep the mid-size tile at every size
+    (and the result is right either way)."""
     asked = []
     real = _tuning.tile_config
 
-    def spy(device, n_rows, n_cols, streaming_class=True):
-        asked.append(streaming_class)
-        return real(device, n_rows, n_cols, streaming_class)
+    def spy(device, n_rows, n_cols, streaming_class=True, compute_bound=False):
+        asked.append((streaming_class, compute_bound))
+        return real(device, n_rows, n_cols, streaming_class, compute_bound)
 
     monkeypatch.setattr(_tuning, "tile_config", spy)
     case = BY_LABEL[label]
     x = _input((300, 2 * 40), torch.float32)
     got, want = run_launcher(case, x)
-    assert asked == [streaming]
+    assert asked == [(streaming, compute_bound)]
     assert_close(got, want, torch.float32)
