@@ -170,12 +170,13 @@ RMS_LOOPED: dict[str, dict[str, int]] = {
 #:   3.72 -> 1.92 / 2.04 / 3.61 us at 16 warps; compile 2.0 / 2.3 / 3.5), and its own looped
 #:   class: from 2048 rows of 8192+ lanes, 2048-lane chunks (4096 with a residual) at 256 lanes
 #:   per warp (4096 x 8192: 57.0 -> 53.0 us (49.8); with a residual 88.6 -> 83.1 (81.8);
-#:   32768 x 8192: 397.1 -> 377.2 (370.7)).
+#:   32768 x 8192: 397.1 -> 377.2 (370.7)); the evict-first hint on x only at decode sizes
+#:   (``evict_max_rows``; 4096 x 4096: 26.6 -> 26.1 us (30.7), with a residual 46.0 -> 41.9 (42.0)).
 RMS_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {
         "rms": {},
         "layer": {"looped": None, "mid_block_m": 2},
-        "gated": {"decode_warps": {4096: 16},
+        "gated": {"decode_warps": {4096: 16}, "evict_max_rows": 256,
                   "looped": {"min_rows": 2048, "min_width": 8192, "max_chunk": 2048, "max_residual_chunk": 4096,
                              "lanes_per_warp": 256}},
     },
@@ -325,8 +326,9 @@ def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int, residual: bool = 
                 block_m = changes.get("mid_block_m", 1)
             while block_m > 1 and _cdiv(n_rows, block_m) < 2 * sms:
                 block_m //= 2
+            evict_max_rows = changes.get("evict_max_rows", _table(RMS_EVICT_MAX_ROWS, kind))
             return RowConfig(block_m, width, _warps(kind, warps), True, programs_per_sm=per_sm,
-                             evict=n_rows <= _table(RMS_EVICT_MAX_ROWS, kind))
+                             evict=n_rows <= evict_max_rows)
     chunk, warps = _table(LOOP_ROW, kind)
     return RowConfig(1, chunk, _warps(kind, warps), False)
 

@@ -252,6 +252,9 @@ def test_rms_size_classes_and_sweep_filters():
     assert _tuning._rms_config("cuda", 132, 4096, 8192, variant="gated") == _tuning.RowConfig(1, 2048, 8, False)
     assert _tuning._rms_config("cuda", 132, 4096, 8192, True, "gated") == _tuning.RowConfig(1, 4096, 16, False)
     assert _tuning._rms_config("cuda", 132, 4096, 4096, variant="gated").single_tile
+    assert not _tuning._rms_config("cuda", 132, 4096, 4096, variant="gated").evict
+    assert _tuning._rms_config("cuda", 132, 256, 4096, variant="gated").evict
+    assert _tuning._rms_config("cuda", 132, 4096, 4096).evict
     for tokens in (1, 16, 256, 4096, 32768):
         for width in (4096, 8192):
             alts = _tuning.sweep_alternatives(_tuning.SWEEP["rms"], tokens, width)
