@@ -63,6 +63,12 @@ def silu(x):
 
 
 @triton.jit
+def silu_or_sigmoid(z, SIGMOID: tl.constexpr):
+    """A gate's activation: sigmoid(z), or silu(z)."""
+    return tl.sigmoid(z) if SIGMOID else silu(z)
+
+
+@triton.jit
 def gelu_erf(x):
     return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
 

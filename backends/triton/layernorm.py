@@ -2,10 +2,11 @@
 serves rms_norm, fused_add_rms_norm (in place), gemma_rms_norm, gemma_fused_add_rms_norm (in
 place), layer_norm, nemotron_layer_norm and fused_add_nemotron_layer_norm (in place), so that
 every one of them gets the same launch shapes and code-generation choices (_tuning.rms_config).
-The gated kernel serves rms_norm_gated, fused_rms_norm_gated and fused_add_rms_norm_gated (the
-gate after the norm, optionally a residual added first and an absent weight).
+It serves fused_rms_norm_gated and fused_add_rms_norm_gated too (the gate after the norm,
+optionally a residual added first and an absent weight); Mamba's grouped rms_norm_gated has its
+own kernel (grouped_norm.py).
 
-Each program owns ``block_m`` whole rows (or row groups) and keeps them in registers: x (and the
+Each program owns ``block_m`` whole rows and keeps them in registers: x (and the
 residual) are read once, the outputs written once, all math in fp32 with one cast per output.
 A tuning config may ask for a persistent grid instead (programs loop over row blocks, the next
 block's loads in flight during this one's math), or for the looped variant (two passes over the
@@ -25,7 +26,7 @@ import triton
 import triton.language as tl
 
 from customop.backends.triton import _tuning
-from customop.backends.triton._common import as_rows, device_guard, row_stride, silu
+from customop.backends.triton._common import as_rows, device_guard, row_stride, silu_or_sigmoid
 
 # ---- kernels ----------------------------------------------------------------------------------
 
@@ -89,14 +90,9 @@ def _residual_out(x, X_DTYPE: tl.constexpr, R_DTYPE: tl.constexpr, KIND: tl.cons
 
 
 @triton.jit
-def _gate(z, SIGMOID: tl.constexpr):
-    return tl.sigmoid(z) if SIGMOID else silu(z)
-
-
-@triton.jit
 def _gated_out(y, g, GATE: tl.constexpr):
     if GATE != NO_GATE:
-        y = y * _gate(g.to(tl.float32), GATE == SIGMOID_GATE)
+        y = y * silu_or_sigmoid(g.to(tl.float32), GATE == SIGMOID_GATE)
     return y
 
 
@@ -284,61 +280,6 @@ def _norm_kernel(
                          out_stride, g_stride, ro_stride, eps, KIND, GATE, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N)
 
 
-@triton.jit
-def _rms_norm_gated_kernel(
-    x_ptr, z_ptr, out_ptr, w_ptr,
-    n_rows, group_size, x_stride, z_stride, out_stride, eps,
-    HAS_Z: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr, SIGMOID: tl.constexpr,
-    SINGLE_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    # Mamba's grouped gated norm. grid: (row blocks, groups); a program normalises one group of
-    # block_m rows; without NORM_BEFORE_GATE the gate multiplies x before the norm.
-    col0 = tl.program_id(1) * group_size
-    if SINGLE_TILE:
-        rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        cols = tl.arange(0, BLOCK_N)
-        col_mask = cols < group_size
-        mask = (rows < n_rows)[:, None] & col_mask[None, :]
-        offs = col0 + cols[None, :]
-        x = tl.load(x_ptr + rows[:, None] * x_stride + offs, mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
-        if HAS_Z:
-            g = _gate(tl.load(z_ptr + rows[:, None] * z_stride + offs, mask=mask, other=0.0,
-                              eviction_policy="evict_first").to(tl.float32), SIGMOID)
-            if not NORM_BEFORE_GATE:
-                x = x * g
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / group_size + eps)
-        w = tl.load(w_ptr + col0 + cols, mask=col_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        y = x * rstd[:, None] * w[None, :]
-        if HAS_Z and NORM_BEFORE_GATE:
-            y = y * g
-        tl.store(out_ptr + rows[:, None] * out_stride + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        row = tl.program_id(0).to(tl.int64)
-        x_row, z_row, o_row = x_ptr + row * x_stride + col0, z_ptr + row * z_stride + col0, out_ptr + row * out_stride + col0
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, group_size, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < group_size
-            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            if HAS_Z and not NORM_BEFORE_GATE:
-                x = x * _gate(tl.load(z_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32), SIGMOID)
-            acc += x * x
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) / group_size + eps)
-        for start in range(0, group_size, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < group_size
-            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            if HAS_Z:
-                g = _gate(tl.load(z_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32), SIGMOID)
-                if not NORM_BEFORE_GATE:
-                    x = x * g
-            y = x * rstd * tl.load(w_ptr + col0 + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            if HAS_Z and NORM_BEFORE_GATE:
-                y = y * g
-            tl.store(o_row + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 # ---- launchers --------------------------------------------------------------------------------
 
 
@@ -436,35 +377,6 @@ def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: to
     _norm(x, residual, weight, eps, x, GEMMA)
 
 
-def rms_norm_gated(x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None, eps: float,
-                   group_size: int, norm_before_gate: bool, sigmoid: bool,
-                   config: _tuning.RowConfig | None = None) -> torch.Tensor:
-    """Mamba's grouped gated norm (the grouped kernel); inputs without a row view run on copies."""
-    hidden = x.shape[-1]
-    if group_size <= 0 or hidden % group_size:
-        raise ValueError(f"customop::rms_norm_gated: group_size={group_size} must divide the last dim {hidden}")
-    out = torch.empty_like(x)
-    if x.numel() == 0:
-        return out
-    xr, outr, zr = as_rows(x), as_rows(out), as_rows(z) if z is not None else None
-    direct = xr is not None and outr is not None and (z is None or zr is not None)
-    if not direct:
-        xr, outr = x.contiguous().view(-1, hidden), torch.empty(x.shape, dtype=x.dtype, device=x.device).view(-1, hidden)
-        zr = z.contiguous().view(-1, hidden) if z is not None else None
-    n_rows, n_groups = xr.shape[0], hidden // group_size
-    cfg = config or _tuning.row_config(x.device, n_rows * n_groups, group_size)
-    grid = (triton.cdiv(n_rows, cfg.block_m) if cfg.single_tile else n_rows, n_groups)
-    zt = zr if zr is not None else xr
-    with device_guard(x.device):
-        _rms_norm_gated_kernel[grid](
-            xr, zt, outr, weight.contiguous(), n_rows, group_size, row_stride(xr), row_stride(zt), row_stride(outr), eps,
-            HAS_Z=z is not None, NORM_BEFORE_GATE=norm_before_gate, SIGMOID=sigmoid, SINGLE_TILE=cfg.single_tile,
-            BLOCK_M=cfg.block_m if cfg.single_tile else 1, BLOCK_N=cfg.block_n, **cfg.launch_options)
-    if not direct:
-        out.copy_(outr.view(out.shape))
-    return out
-
-
 def fused_rms_norm_gated(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor | None, eps: float, sigmoid: bool,
                          config: _tuning.RowConfig | None = None) -> torch.Tensor:
     """The row-norm kernel's fp32 RMS over whole rows, times the weight (none: no multiply), then
@@ -501,14 +413,11 @@ def fused_add_nemotron_layer_norm(x: torch.Tensor, residual: torch.Tensor, weigh
     _norm(x, residual, weight, eps, x, NEMOTRON, bias=bias)
 
 
-_GROUPED_OPS = ("customop::rms_norm_gated",)
-
 KERNELS = {
     "customop::rms_norm": rms_norm,
     "customop::fused_add_rms_norm": fused_add_rms_norm,
     "customop::gemma_rms_norm": gemma_rms_norm,
     "customop::gemma_fused_add_rms_norm": gemma_fused_add_rms_norm,
-    "customop::rms_norm_gated": rms_norm_gated,
     "customop::fused_rms_norm_gated": fused_rms_norm_gated,
     "customop::fused_add_rms_norm_gated": fused_add_rms_norm_gated,
     "customop::layer_norm": layer_norm,
@@ -516,7 +425,6 @@ KERNELS = {
     "customop::fused_add_nemotron_layer_norm": fused_add_nemotron_layer_norm,
 }
 
-#: which _tuning config kind each op's kernel reads (for the benchmark runner's --sweep): the row
-#: norms (one kernel: the RMSNorm family, the layer norms, the fused gated norms) read ``rms``
-#: (its own size classes and code-generation knobs), Mamba's grouped gated norm ``rows``
-TUNING = {name: "rows" if name in _GROUPED_OPS else "rms" for name in KERNELS}
+#: which _tuning config kind each op's kernel reads (for the benchmark runner's --sweep): ``rms``
+#: (the row norms' own size classes and code-generation knobs)
+TUNING = {name: "rms" for name in KERNELS}

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 def main() -> int:
     from customop.backends.triton import activation as act
-    from customop.backends.triton import layernorm as norm
+    from customop.backends.triton import grouped_norm
     from customop.backend_loader import load_backend
     from customop.samples.activation import CASES
     from customop.samples.layernorm import CASES as NORMS
@@ -52,7 +52,7 @@ def main() -> int:
             op.forward_kernel(*(rnd(*shape) for _ in case.arguments))
             launched += 1
     x = rnd(12, 256)
-    norm.rms_norm_gated(x, rnd(256), rnd(12, 256), 1e-5, 64, False, False)
+    grouped_norm.rms_norm_gated(x, rnd(256), rnd(12, 256), 1e-5, 64, False, False)
     torch.cuda.synchronize()
     print(f"sanitize_kernels: {launched + 2} launches done")
     return 0

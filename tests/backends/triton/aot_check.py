@@ -33,6 +33,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from customop.backends.triton import activation as act  # noqa: E402
+from customop.backends.triton import grouped_norm  # noqa: E402
 from customop.backends.triton import layernorm as norm  # noqa: E402
 
 # (label, kernel, {arg: type}, {constexpr: value}, num_warps, args known to be multiples of 16)
@@ -99,7 +100,7 @@ def cases():
            {**_norm_const(res=True, bn=4096, stages=2), **new, "PERSISTENT": True}, 8, ALIGNED_NORM)
     yield ("rms new unaligned 4231 int64", k, _norm_sig(), {**_norm_const(), **new, "EVEN_N": False, "INT64": True}, 16,
            ("x_ptr", "res_ptr", "out_ptr", "w_ptr"))
-    g = norm._rms_norm_gated_kernel
+    g = grouped_norm._rms_norm_gated_kernel
     gal = ("x_ptr", "z_ptr", "out_ptr", "w_ptr", "group_size", "x_stride", "z_stride", "out_stride")
     for z, nbg, sig in ((True, False, False), (True, True, True)):
         const = {"HAS_Z": z, "NORM_BEFORE_GATE": nbg, "SIGMOID": sig, "SINGLE_TILE": True, "BLOCK_M": 1, "BLOCK_N": 8192}

@@ -1,15 +1,16 @@
-"""The norm kernels (backends/triton/layernorm.py) under the Triton interpreter: every case of the
-table (``customop/samples/layernorm.py``) through ``forward_kernel`` (the launcher as the CPU
-kernel of its ``customop::`` op) against the float64 references (``tests/cases/layernorm.py``),
-then the launchers directly (strided views, tilings, the looped and persistent variants) and
-through ``torch.ops.customop.*`` (opcheck, torch.compile)."""
+"""The norm kernels (backends/triton/layernorm.py, grouped_norm.py) under the Triton
+interpreter: every case of the table (``customop/samples/layernorm.py``) through
+``forward_kernel`` (the launcher as the CPU kernel of its ``customop::`` op) against the float64
+references (``tests/cases/layernorm.py``), then the launchers directly (strided views, tilings,
+the looped and persistent variants) and through ``torch.ops.customop.*`` (opcheck,
+torch.compile)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from customop.backends.triton import _tuning
+from customop.backends.triton import _tuning, grouped_norm
 from customop.backends.triton import layernorm as norm
 from customop.samples.layernorm import CASES, DTYPES, SIZES
 from customop.testing import assert_close
@@ -23,7 +24,8 @@ pytestmark = pytest.mark.interpret
 
 EPS = 1e-6
 LOOPED = _tuning.RowConfig(1, 1024, 4, False)  # forces the chunked two-pass variant
-LAUNCHERS = {name.removeprefix("customop::"): launcher for name, launcher in norm.KERNELS.items()}
+LAUNCHERS = {name.removeprefix("customop::"): launcher
+             for name, launcher in {**norm.KERNELS, **grouped_norm.KERNELS}.items()}
 
 
 def _x(shape, dtype, scale=1.0, offset=0.0):
@@ -267,10 +269,10 @@ def test_rms_size_classes_and_sweep_filters():
 
 def test_rms_norm_gated_without_z_and_looped(poison_empty):
     x, w, z = _x((5, 300), torch.bfloat16, 2.0), _x((300,), torch.bfloat16, 0.5, 1.0), _x((5, 300), torch.bfloat16)
-    assert_close(norm.rms_norm_gated(x, w, None, 1e-5, 100, False, False),
+    assert_close(grouped_norm.rms_norm_gated(x, w, None, 1e-5, 100, False, False),
                  ref_gated(x, w, None, 1e-5, 100, False, False).bfloat16(), torch.bfloat16)
     for nbg in (False, True):
-        out = norm.rms_norm_gated(x, w, z, 1e-5, 300, nbg, False, config=_tuning.RowConfig(1, 64, 4, False))
+        out = grouped_norm.rms_norm_gated(x, w, z, 1e-5, 300, nbg, False, config=_tuning.RowConfig(1, 64, 4, False))
         assert_close(out, ref_gated(x, w, z, 1e-5, 300, nbg, False).bfloat16(), torch.bfloat16)
 
 
@@ -324,7 +326,7 @@ def test_fused_rms_norm_gated_variants(config, poison_empty):
 
 def test_rms_norm_gated_rejects_bad_group():
     with pytest.raises(ValueError, match="group_size"):
-        norm.rms_norm_gated(torch.randn(2, 10), torch.ones(10), None, 1e-5, 3, False, False)
+        grouped_norm.rms_norm_gated(torch.randn(2, 10), torch.ones(10), None, 1e-5, 3, False, False)
 
 
 def test_empty_input():
@@ -341,7 +343,7 @@ def _library_cases():
     return {
         "rms_norm": (norm.rms_norm, (x, w, EPS)),
         "gemma_rms_norm": (norm.gemma_rms_norm, (x, w, EPS)),
-        "rms_norm_gated": (norm.rms_norm_gated, (x, w, z, 1e-5, 20, False, True)),
+        "rms_norm_gated": (grouped_norm.rms_norm_gated, (x, w, z, 1e-5, 20, False, True)),
         "fused_add_rms_norm": (norm.fused_add_rms_norm, (x, r, w, EPS)),
         "gemma_fused_add_rms_norm": (norm.gemma_fused_add_rms_norm, (x, r, w, EPS)),
         "layer_norm": (norm.layer_norm, (x, w, z[0], 1e-5)),
