@@ -18,8 +18,9 @@ from triton.language.extra import libdevice
 from customop.backends.triton import _tuning
 
 from customop.backends.triton._common import (
-    GRID_YZ_MAX, INTERPRETED, as_rows, device_guard, expm1_neg, gelu_erf, row_stride,
+    GRID_YZ_MAX, INTERPRETED, NEG_LOG2E, as_rows, device_guard, expm1_neg, gelu_erf, mul_sigmoid, row_stride,
 )
+from customop.backends.triton._common import gelu_tanh as tanh_gelu  # gelu_tanh: the launcher below
 
 # Activation codes (the kernels' ACT constexpr). Globals read inside @triton.jit code must be
 # tl.constexpr objects; launchers pass ``.value``.
@@ -35,29 +36,7 @@ _GELU_FAST_C = tl.constexpr(0.7978845608)  # gelu_fast's spec inlines the consta
 #: situ's tanh: the device library's when compiled for a GPU, a portable form under the
 #: interpreter (which has no libdevice)
 _DEVICE_TANH = tl.constexpr(not INTERPRETED)
-_NEG_LOG2E = tl.constexpr(-1.4426950408889634)  # exp(-v) == exp2(v * _NEG_LOG2E)
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
-
-
-@triton.jit
-def _mul_sigmoid(x, z, k):
-    """x * sigmoid(k z) as x / (1 + exp2(z * (-k log2 e))). The same math as x * tl.sigmoid(k z)
-    (1 / (1 + exp(-v)); on NVIDIA tl.exp is ex2.approx of v * log2(e) rounded to fp32, and
-    Triton's fp32 `/` is already the approximate division, div.full.f32: <= 2 ulp, denominators
-    up to inf give 0), with fewer instructions: x divided instead of multiplied after a
-    reciprocal, no negation, and k * log2(e) one constant (folded at compile time, or once per
-    program for a runtime k), which also drops a rounding of k z. The fp32 rounding of exp2's
-    argument costs ~|k z| * 4.6e-8 of the sigmoid's relative accuracy (up to 3.8e-6, ~30 ulp, at
-    |k z| ~ 88, where the sigmoid is tiny), on the GPU before as now (tl.exp rounds v * log2(e)
-    the same way); the interpreter, which evaluated exp(-v) exactly, now shows it too."""
-    return x / (1.0 + tl.exp2(z * (k * _NEG_LOG2E)))
-
-
-@triton.jit
-def _gelu_tanh(x, C: tl.constexpr):
-    # 0.5 x (1 + tanh(u)) == x sigmoid(2u), u = C (x + 0.044715 x^3): _common.gelu_tanh's
-    # formula (no tanh intrinsic, no cancellation in 1 + tanh(u) for negative u), through _mul_sigmoid
-    return _mul_sigmoid(x, x + 0.044715 * x * x * x, 2.0 * C)
 
 
 @triton.jit
@@ -97,13 +76,13 @@ def _tile_index(d, BLOCK_N: tl.constexpr, GRID2D: tl.constexpr):
 def _gate_act(a, param, ACT: tl.constexpr):
     # param: fatrelu's threshold or swiglustep's limit
     if ACT == SILU:
-        return _mul_sigmoid(a, a, 1.0)
+        return mul_sigmoid(a, a, 1.0)
     elif ACT == GELU:
         return gelu_erf(a)
     elif ACT == GELU_TANH:
-        return _gelu_tanh(a, _SQRT_2_OVER_PI)
+        return tanh_gelu(a, _SQRT_2_OVER_PI)
     elif ACT == SWIGLUSTEP:
-        return tl.minimum(_mul_sigmoid(a, a, 1.0), param)
+        return tl.minimum(mul_sigmoid(a, a, 1.0), param)
     else:  # FATRELU
         return tl.where(a > param, a, 0.0)
 
@@ -145,7 +124,7 @@ def _and_mul_kernel(
         b = tl.load(x_row + up_offset, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if ACT == SILU_CLAMP:
         g = tl.minimum(a, param)
-        y = _mul_sigmoid(g, g, param2) * (tl.minimum(tl.maximum(b, -param), param) + param3)
+        y = mul_sigmoid(g, g, param2) * (tl.minimum(tl.maximum(b, -param), param) + param3)
     elif ACT == SITU or ACT == SITU_LINEAR:
         # beta tanh(a / beta) sigmoid(a) [times linear_beta tanh(b / linear_beta)] with one
         # division per element where the spec's formula has three (five): a / beta and
@@ -156,7 +135,7 @@ def _and_mul_kernel(
         # <= 2 ulp; it rescales denominators above 2**126, so 1 + exp(-a) up to inf gives 0): one
         # such division and one or two products of denominators (0.5 ulp each) replace two (four)
         # approximate divisions, a few ulp in all as before; sigmoid's exp is rounded as
-        # _mul_sigmoid says. The gate (|beta tanh sigmoid| <= |beta|) is formed before b multiplies
+        # mul_sigmoid says. The gate (|beta tanh sigmoid| <= |beta|) is formed before b multiplies
         # it, as in the spec, so a large b with a small sigmoid does not overflow on the way.
         if _DEVICE_TANH:
             # compiled for a GPU: the device library's tanh (CUDA's tanhf, <= 2 ulp; the function
@@ -167,10 +146,10 @@ def _and_mul_kernel(
             g = _copysign(tl.abs(param) * libdevice.tanh(tl.abs(a) * (-0.5 * _tanh_scale(param))), a)
             if ACT == SITU_LINEAR:
                 b = _copysign(tl.abs(param2) * libdevice.tanh(tl.abs(b) * (-0.5 * _tanh_scale(param2))), b)
-            y = g / (1.0 + tl.exp2(a * _NEG_LOG2E)) * b
+            y = g / (1.0 + tl.exp2(a * NEG_LOG2E)) * b
         else:
             m = expm1_neg(tl.abs(a) * _tanh_scale(param))
-            den = (2.0 + m) * (1.0 + tl.exp2(a * _NEG_LOG2E))
+            den = (2.0 + m) * (1.0 + tl.exp2(a * NEG_LOG2E))
             if ACT == SITU_LINEAR:
                 m_up = expm1_neg(tl.abs(b) * _tanh_scale(param2))
                 b = _copysign(-tl.abs(param2) * m_up, b)
@@ -208,7 +187,7 @@ def _swigluoai_kernel(
     mask = row_mask & (cols < d)[None, :]
     g = tl.minimum(g, limit)
     u = tl.minimum(tl.maximum(u, -limit), limit)
-    y = (u + 1.0) * _mul_sigmoid(g, g, alpha)
+    y = (u + 1.0) * mul_sigmoid(g, g, alpha)
     tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -230,7 +209,7 @@ def _gelu_sparse_kernel(
         std = tl.sqrt(tl.sum(centred * centred, axis=1) / d)
         cutoff = (mean + std * std_multiplier)[:, None]
         h = tl.maximum(a - cutoff, 0.0)
-        g = _gelu_tanh(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
+        g = tanh_gelu(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
         tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], (g * b).to(out_ptr.dtype.element_ty), mask=mask)
     else:
         # One row per program. Pass 1 merges per-chunk (count, mean, M2) (Chan et al.), which
@@ -259,7 +238,7 @@ def _gelu_sparse_kernel(
             a = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             b = tl.load(x_row + d + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             h = tl.maximum(a - cutoff, 0.0)
-            g = _gelu_tanh(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
+            g = tanh_gelu(h, _SQRT_2_OVER_PI) if APPROX_TANH else gelu_erf(h)
             tl.store(out_ptr + row * out_stride + cols, (g * b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -283,11 +262,11 @@ def _unary_kernel(
     if ACT == GELU:
         y = gelu_erf(x)
     elif ACT == GELU_NEW or ACT == GELU_TANH:  # the same formula: gelu_tanh rounds once, as this does
-        y = _gelu_tanh(x, _SQRT_2_OVER_PI)
+        y = tanh_gelu(x, _SQRT_2_OVER_PI)
     elif ACT == GELU_FAST:
-        y = _gelu_tanh(x, _GELU_FAST_C)
+        y = tanh_gelu(x, _GELU_FAST_C)
     elif ACT == QUICK_GELU:
-        y = _mul_sigmoid(x, x, 1.702)
+        y = mul_sigmoid(x, x, 1.702)
     elif ACT == RELU2:
         r = tl.maximum(x, 0.0)
         y = r * r

@@ -316,7 +316,7 @@ def test_tanh_scale_is_finite(p):
                                    "silu_and_mul_with_clamp[1.702,1]", "swigluoai_and_mul", "gelu_and_mul[tanh]",
                                    "gelu_tanh", "gelu_new", "gelu_fast", "quick_gelu"])
 def test_sigmoid_forms_wide_range(label, poison_empty):
-    """The ops whose sigmoid is x / (1 + exp2(z * -k log2 e)) (_mul_sigmoid) from 1e-30 to 100 of
+    """The ops whose sigmoid is x / (1 + exp2(z * -k log2 e)) (_common.mul_sigmoid) from 1e-30 to 100 of
     both signs in fp32: the exp at its ends (0, inf: the quotient is then x or +-0, no NaN) and
     where the result is small."""
     case = BY_LABEL[label]
