@@ -275,15 +275,21 @@ def _register_in_tree() -> None:
             return []
         dev = _device(op)
         positions = torch.arange(tokens, device=dev) % op.max_position_embeddings
-        query = _randn(tokens, q_heads * op.head_size, dtype=dtype, device=dev)
-        key = _randn(tokens, kv_heads * op.head_size, dtype=dtype, device=dev)
-        return [((positions, query, key), {})]
+        q_width, kv_width = q_heads * op.head_size, kv_heads * op.head_size
+        query = _randn(tokens, q_width, dtype=dtype, device=dev)
+        key = _randn(tokens, kv_width, dtype=dtype, device=dev)
+        # and query and key sliced from one qkv projection (vLLM's attention layers): the
+        # standalone route traces large row-strided ones with their stride (small ones are copied
+        # to the contiguous layout above)
+        qkv = _randn(tokens, q_width + 2 * kv_width, dtype=dtype, device=dev)
+        sliced = (positions, qkv[:, :q_width], qkv[:, q_width:q_width + kv_width])
+        return [((positions, query, key), {}), (sliced, {})]
 
     def apply_rotary(op: Any, tokens: int, dtype: torch.dtype) -> list[Call]:
         # x [S, heads, head_size], cos/sin [S, rotary_dim / 2]: the heads, head size and rotary
         # width are static in the graph (the key), S is the token dim; per head count, cos/sin
         # contiguous and chunked from one [S, rotary_dim] gather (as callers make them, Hugging
-        # Face's halves too): the standalone route traces row-strided ones with their stride
+        # Face's halves too): the standalone route traces large row-strided ones with their stride
         heads, dims = _HEADS.get(), _HEAD_DIMS.get()
         if heads is None or dims is None:
             return []

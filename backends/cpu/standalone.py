@@ -200,14 +200,16 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
 
 
 def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
-               kwargs: dict[str, Any] | None = None) -> Any:
+               kwargs: dict[str, Any] | None = None, keep_strides: bool = False) -> Any:
     """``fam.form(tokens, *args, **kwargs)`` through its artifact for specs whose first argument is
     a token tensor: 1-D (rotary's positions ``[T]``) or ``[T, ...]`` of 3+ dims, static past its
     first (ApplyRotaryEmb's x ``[S, heads, head_size]``: its tail shape is in the key; 2-D x is
     ``run``'s), or None where a guard fails (the caller then takes the Dynamo path). Every tensor:
-    plain, on the CPU, contiguous (a ``[T, ...]`` argument with contiguous rows at a fixed stride
-    is traced with that stride, which is in the key; another strided one of at most
-    ``_COPY_MAX`` elements is copied first), no negation bit, autograd not recording for it. Tensor
+    plain, on the CPU, contiguous (strided ``[T, ...]`` arguments with contiguous rows at a fixed
+    stride are traced with their strides, which are in the key; while that artifact does not
+    exist, small ones are copied where the contiguous artifact exists, except with
+    ``keep_strides`` (warm-up): ``_copied_layout``; other strided ones are copied up to
+    ``_COPY_MAX`` elements), no negation bit, autograd not recording for it. Tensor
     arguments of at least 2 dims that start with ``T`` (query, key; ApplyRotaryEmb's cos and sin
     ``[S, rot/2]``) share the token symbol (static in every other dim: the head counts, the head
     size, the rotary width, in the key); the others (the cos/sin cache) are static: their whole
@@ -226,6 +228,7 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
     tensors = [tokens]
     key: list[Any] = [_TOKENS, tokens.dtype, count == 1, shape[1:]]
     per_token = False
+    strided: list[tuple[int, int]] | None = None  # (index in tensors, in key) of strided [T, ...]
     for a in args:
         kind = type(a)
         if kind is _Tensor or kind is _Parameter:
@@ -234,14 +237,18 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
             if a.dim() >= 2 and a.shape[0] == count:  # query, key, cos, sin: [T, ...]
                 row_stride = None
                 if not a.is_contiguous():
-                    # cos and sin chunked from one gather, a query sliced from qkv: contiguous rows
+                    # cos and sin chunked from one gather, q and k sliced from qkv: contiguous rows
                     # at a fixed stride, traced as they are (the stride in the key); another layout
-                    # is copied while one thread copies it, else Dynamo's path
+                    # is copied while one thread copies it (32K elements), else Dynamo's path
                     row_stride = _row_stride(a)
                     if row_stride is None:
                         if a.numel() > _COPY_MAX:
                             return None
                         a = a.contiguous()  # the traced layout; a few us, not Dynamo's ~20-40
+                    else:
+                        if strided is None:
+                            strided = []
+                        strided.append((len(tensors), len(key) + 3))
                 per_token = True
                 key += (_PER_TOKEN, a.dtype, a.shape[1:], row_stride)
             elif not a.is_contiguous():
@@ -255,9 +262,11 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
             return None
     if not per_token:
         return None
-    key_t = _with_kwargs(key, kwargs)
+    key_t = _with_kwargs(list(key) if strided is not None else key, kwargs)
     if key_t is None:
         return None
+    if strided is not None and not keep_strides and key_t not in fam.artifacts:
+        key_t = _copied_layout(fam, tensors, key, strided, kwargs, key_t)
     art = _artifact(fam, key_t, tokens, tensors, args, kwargs, False)
     if art is None:
         return None
@@ -265,16 +274,38 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
     return tuple(out) if isinstance(out, list) else out
 
 
+def _copied_layout(fam: Family, tensors: list[torch.Tensor], key: list[Any], strided: list[tuple[int, int]],
+                   kwargs: dict[str, Any] | None, key_t: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``run_tokens``' key for row-strided ``[T, ...]`` arguments whose artifact does not exist
+    (warm-up builds those of the layouts it knows: chunked cos/sin, q and k sliced from qkv):
+    while each of them has at most ``_COPY_MAX`` elements (one thread copies them) and the
+    contiguous artifact exists, they are copied in place in ``tensors`` and that artifact's key
+    returned, so that a layout warm-up did not know compiles nothing; otherwise ``key_t`` (the
+    strided artifact gets built: a copy above 32K elements opens an OpenMP region of its own,
+    which stalled under load)."""
+    if any(tensors[i].numel() > _COPY_MAX for i, _ in strided):
+        return key_t
+    for _, k in strided:
+        key[k] = None
+    contiguous = _with_kwargs(key, kwargs)
+    if contiguous is None or fam.artifacts.get(contiguous) is None:
+        return key_t
+    for i, _ in strided:
+        tensors[i] = tensors[i].contiguous()  # the traced layout; a few us, not Dynamo's ~20-40
+    return contiguous
+
+
 _TOKENS = object()  # marks a token-tensor key (run_tokens)
 _PER_TOKEN = object()  # marks a [T, ...] argument's dtype and tail shape in a run_tokens key
 _STATIC = object()  # marks a static argument's dtype and shape in a run_tokens key
-#: run_tokens copies a strided [T, ...] argument that is not row-strided (``_row_stride``) of at
-#: most this many elements to the traced contiguous layout; a larger one takes the Dynamo path.
+#: run_tokens copies strided [T, ...] arguments of at most this many elements to the traced
+#: contiguous layout where it does not trace them with their strides (``_copied_layout``); a
+#: larger one that is not row-strided takes the Dynamo path.
 #: ATen copies up to 32K elements in one thread (its grain size); a larger copy opens an OpenMP
 #: region of its own, and on a loaded 2-core box each region can stall for a scheduler tick: a
 #: copy of 2048 x 64-element cos and sin ran ApplyRotaryEmb's medians at 2-3x torch.compile's
-#: (mins equal; BENCHMARKS.md, "issue 18, CPU, sixth day"), so row-strided ones are traced as
-#: they are instead
+#: (mins equal; BENCHMARKS.md, "issue 18, CPU, sixth day"), so large row-strided ones are traced
+#: as they are instead
 _COPY_MAX = 1 << 15
 
 

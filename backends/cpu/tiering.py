@@ -195,7 +195,9 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
         # dim and 2+ feature dims (ApplyRotaryEmb's [S, heads, head_size]): ``run_tokens``
         fam = tiers.standalone_family(compiled_spec or spec)
         ndim = x.dim()
-        out = (standalone.run_tokens(fam, x, args, kwargs) if ndim == 1 or ndim == tiers.feature_dims + 1 > 2
+        # (warm-up keeps row-strided arguments strided: it builds the artifact large calls use)
+        out = (standalone.run_tokens(fam, x, args, kwargs, _WARMING_UP.get())
+               if ndim == 1 or ndim == tiers.feature_dims + 1 > 2
                else standalone.run(fam, x, args, kwargs, two_d_only=not tiers.rows))
         if out is not None:
             return out

@@ -1,14 +1,17 @@
 """CPU paths of the rotary family: eager native vs torch.compile(native) vs ``forward_cpu``.
 
     .venv/bin/python -m benchmarks.cpu.rotary [--quick] [--rounds N] [--threads N] [--median]
-        [--tokens 256,2048] [--ops apply_rotary_emb] [--dtypes bf16]
+        [--tokens 256,2048] [--ops apply_rotary_emb] [--dtypes bf16] [--warmup]
 
 ``RotaryEmbedding`` (NeoX, full rotary, head 128, 32 query heads and 8 key heads, positions
 below 4096) at tokens 1-2048 in fp32 and bf16, plus ``ApplyRotaryEmb`` on the query alone.
 ``eager`` is the op built disabled (``custom_ops=["none"]``: ``forward_native`` through the
 module call); ``forward_cpu`` the op built enabled on the CPU platform (the same module call);
 ``compile`` a per-shape static ``torch.compile`` of the pure function (Inductor's best case, no
-module overhead). The table it prints goes into benchmarks/results/cpu_rotary.md and decides
+module overhead). ``--warmup``: ``customop.warmup`` the enabled ops first (32 + 8 heads of 128),
+as a server does at start-up; without it the first compiled call of each layout builds its
+artifact (ApplyRotaryEmb's chunked cos/sin: copied to the contiguous artifact at small sizes
+until the row-strided one exists). The table it prints goes into benchmarks/results/cpu_rotary.md and decides
 ``customop.ops.rotary_embedding.base.ROTARY_CPU_TIERS``.
 """
 
@@ -76,6 +79,8 @@ def main() -> None:
                         help="comma-separated token counts (default: all, or --quick's)")
     parser.add_argument("--ops", type=lambda s: set(s.split(",")), default={"rotary_embedding", "apply_rotary_emb"},
                         help="comma-separated: rotary_embedding, apply_rotary_emb (default: both)")
+    parser.add_argument("--warmup", action="store_true",
+                        help="customop.warmup the enabled ops first (heads 32 + 8, head 128)")
     parser.add_argument("--dtypes", type=lambda s: tuple({"fp32": torch.float32, "bf16": torch.bfloat16}[d]
                                                          for d in s.split(",")),
                         default=(torch.float32, torch.bfloat16), help="comma-separated: fp32, bf16 (default: both)")
@@ -97,6 +102,8 @@ def main() -> None:
             for mode in ("none", "all"):  # disabled: forward_native; enabled: forward_cpu
                 with customop.use_config(customop.Config(custom_ops=[mode])):
                     ops[mode] = (RotaryEmbedding(HEAD, HEAD, MAX_POS, 10000.0, True, dtype), ApplyRotaryEmb())
+            if args.warmup:
+                customop.warmup(list(ops["all"]), dtypes=(dtype,), heads=(Q_HEADS, KV_HEADS), head_size=HEAD)
             static_rope = torch.compile(rotary_embedding, dynamic=False)
             static_apply = torch.compile(apply_rotary_emb, dynamic=False)
             cache = ops["all"][0].cos_sin_cache

@@ -120,8 +120,15 @@ def test_warmup_rotary_takes_the_head_counts_of_its_attention_module():
     rows = customop.warmup(attn, sizes=(1, 16))
     assert [r.outcome for r in rows] == ["ran", "ran"]
     before = graphs()
-    for tokens in (1, 3, 50):
-        attn.rotary_emb(torch.arange(tokens), torch.randn(tokens, 4 * 32), torch.randn(tokens, 2 * 32))
+    for tokens in (1, 3, 50, 300):
+        pos = torch.arange(tokens) % 256
+        attn.rotary_emb(pos, torch.randn(tokens, 4 * 32), torch.randn(tokens, 2 * 32))
+        qkv = torch.randn(tokens, (4 + 2 * 2) * 32)  # vLLM's q, k, v from one projection
+        q, k = qkv[:, :128], qkv[:, 128:192]  # at 300 tokens q is above _COPY_MAX: kept strided
+        out = attn.rotary_emb(pos, q, k)
+        want = attn.rotary_emb.forward_native(pos, q, k)
+        assert_close(out[0], want[0], torch.float32)
+        assert_close(out[1], want[1], torch.float32)
     assert graphs() == before
     rows = customop.warmup([attn.rotary_emb])  # no holder, no heads=: nothing to go by
     assert rows[0].outcome == "skipped: head counts unknown (pass heads=(q, kv))"
@@ -217,7 +224,7 @@ def test_warmup_apply_rotary_from_its_attention_module(monkeypatch, dtype):
                                                           ("apply_rotary_emb", 16, "ran")]
     before = graphs()
     gen = torch.Generator().manual_seed(7)
-    for tokens in (1, 3, 50):
+    for tokens in (1, 3, 50, 4100):  # 4100 x 8 cos elements: above _COPY_MAX, kept strided
         for heads in (4, 2):
             x = torch.randn(tokens, heads, 32, generator=gen).to(dtype)
             cache = torch.randn(tokens, 16, generator=gen).to(dtype)

@@ -343,7 +343,7 @@ def test_rotary_takes_the_token_route(dtype):
 @pytest.mark.slow
 def test_apply_rotary_takes_the_token_route(monkeypatch):
     """ApplyRotaryEmb's compiled tier without Dynamo (``run_tokens`` with a 3-D x): x ``[S, heads,
-    D]`` and cos/sin ``[S, rot/2]`` (chunked from one tensor: row-strided, traced so) share the
+    D]`` and cos/sin ``[S, rot/2]`` (chunked from one tensor: strided, small, copied) share the
     token symbol. One artifact for every S of two or more, one for S == 1, no Dynamo graph, bitwise
     the Dynamo path, close to the float64 spec; a 4-D x, a strided x and a transposed cos/sin above
     ``_COPY_MAX`` take Dynamo's path and stay right. bf16 only (~5 s a dtype; fp32 is the same
@@ -383,12 +383,13 @@ def test_apply_rotary_takes_the_token_route(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_row_strided_token_arguments_are_traced_as_they_are(dtype):
     """cos/sin chunked from one gather (rows contiguous at a fixed stride) are traced with their
-    stride, not copied (a copy above 32K elements opened an OpenMP region of its own, and was
-    refused above that: 2048 tokens of 64 rotary pairs took Dynamo's path): 7, 1200, 4231 and 9001
-    tokens share one artifact, no Dynamo graph, bitwise the Dynamo path and close to the float64
-    spec; contiguous cos/sin get an artifact of their own, bitwise the same values; a transposed
-    cos/sin (not row-strided) is copied up to ``_COPY_MAX`` elements and takes Dynamo's path
-    above. RotaryEmbedding's query and key sliced from one qkv tensor take the same route."""
+    stride, not copied (a copy above 32K elements opens an OpenMP region of its own, and was
+    refused: 2048 tokens of 64 rotary pairs took Dynamo's path): 7, 1200, 4231 and 9001 tokens
+    share one artifact, no Dynamo graph, bitwise the Dynamo path and close to the float64 spec;
+    contiguous cos/sin get the contiguous artifact, bitwise the same values; a small call with a
+    row stride that has no artifact is copied to the contiguous one (compiles nothing); a
+    transposed cos/sin (not row-strided) is copied up to ``_COPY_MAX`` elements and takes Dynamo's
+    path above. RotaryEmbedding's query and key sliced from one qkv tensor take the same route."""
     from customop.math.rotary import apply_rotary_emb
     from customop.ops.rotary_embedding import ApplyRotaryEmb, RotaryEmbedding
 
@@ -408,10 +409,15 @@ def test_row_strided_token_arguments_are_traced_as_they_are(dtype):
             got.append((x, cos, sin, op.forward_cpu(x, cos, sin)))
             want = apply_rotary_emb(x.double(), cos.double(), sin.double(), op.is_neox_style)
             assert_close(got[-1][3], want.to(dtype), dtype)
-        assert graphs() == before and standalone.compiles - built == 1
+        assert graphs() == before and standalone.compiles - built == 1  # the strided one
         for x, cos, sin, out in got[:2]:
             assert torch.equal(op.forward_cpu(x, cos.contiguous(), sin.contiguous()), out)
-        assert graphs() == before and standalone.compiles - built == 2
+        x, cos, sin, out = got[0]
+        assert torch.equal(op.forward_cpu(x, cos, sin), out)  # small, its strided artifact exists
+        wide = torch.empty(7, 96, dtype=dtype)
+        wide[:, :32], wide[:, 32:64] = cos, sin
+        assert torch.equal(op.forward_cpu(x, wide[:, :32], wide[:, 32:64]), out)  # small, row stride
+        assert graphs() == before and standalone.compiles - built == 2  # 96 not built: copied
         for x, cos, sin, out in got:
             assert torch.equal(out, dynamo.forward_cpu(x, cos, sin)), x.shape
         x, cos, sin, out = got[0]  # 7 tokens: 224 elements, copied
@@ -428,11 +434,11 @@ def test_row_strided_token_arguments_are_traced_as_they_are(dtype):
         for tokens in (5, 300):
             pos = torch.randint(0, 64, (tokens,), generator=torch.Generator().manual_seed(tokens))
             qkv = randn(tokens, 4 * 32 + 2 * 2 * 32, dtype=dtype, seed=tokens)
-            q, k = qkv[:, :128], qkv[:, 128:192]  # rows at qkv's stride
+            q, k = qkv[:, :128], qkv[:, 128:192]  # rows at qkv's stride; at 300 q is 38400 elements
             out_q, out_k = rope.forward_cpu(pos, q, k)
             want_q, want_k = rope.forward_cpu(pos, q.contiguous(), k.contiguous())
             assert torch.equal(out_q, want_q) and torch.equal(out_k, want_k)
             ref_q, ref_k = rope.forward_native(pos, q.double(), k.double())
             assert_close(out_q, ref_q.to(dtype), dtype)
             assert_close(out_k, ref_k.to(dtype), dtype)
-        assert graphs() == before and standalone.compiles - built == 2  # strided and contiguous
+        assert graphs() == before and standalone.compiles - built == 2  # contiguous, q and k strided
