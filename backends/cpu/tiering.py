@@ -60,6 +60,9 @@ class CpuTiers:
 
     min_numel: float
     by_dtype: Mapping[torch.dtype, float] = dataclasses.field(default_factory=dict)
+    #: inputs of 1 to this many elements run compiled too: a small-size band where the compiled
+    #: code beats the eager tier although the sizes above it, up to ``min_numel``, do not (0: none)
+    compiled_up_to: float = 0
     rows: bool = True
     dynamic: bool = True
     dynamic_hidden: bool = True
@@ -77,9 +80,14 @@ class CpuTiers:
     def compile_from(self, dtype: torch.dtype) -> float:
         return self.by_dtype.get(dtype, self.min_numel)
 
+    def runs_compiled(self, numel: int, dtype: torch.dtype) -> bool:
+        """Whether an input of ``numel`` elements runs the compiled tier (outside warm-up)."""
+        return numel >= self.compile_from(dtype) or 0 < numel <= self.compiled_up_to
+
     def compiling_from(self, numel: float) -> CpuTiers:
-        """A copy that compiles from ``numel`` elements whatever the dtype (tests, experiments)."""
-        return dataclasses.replace(self, min_numel=numel, by_dtype={})
+        """A copy that compiles from ``numel`` elements whatever the dtype, and only from there
+        (no small-size band; tests, experiments)."""
+        return dataclasses.replace(self, min_numel=numel, by_dtype={}, compiled_up_to=0)
 
     def compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         hit = self._fns.get(fn)
@@ -142,13 +150,15 @@ def _tokens(tiers: CpuTiers, x: torch.Tensor) -> int:
 
 
 def _below_threshold(tiers: CpuTiers, x: torch.Tensor) -> bool:
-    if x.numel() >= tiers.compile_from(x.dtype):
+    if tiers.runs_compiled(x.numel(), x.dtype):
         return False
     if not _WARMING_UP.get() or x.numel() == 0:
         return True
+    # warm-up: build every graph a request of this shape class may take; with a small-size band,
+    # one-token requests compile (their graph of their own included)
     tokens = _tokens(tiers, x)
     one_token = x.numel() // max(tokens, 1)
-    return tokens < 2 and one_token < tiers.compile_from(x.dtype)
+    return tokens < 2 and one_token < tiers.compile_from(x.dtype) and not tiers.compiled_up_to
 
 
 _is_compiling = torch.compiler.is_compiling
@@ -168,10 +178,10 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
     """``spec(x, *args, **kwargs)`` on the CPU, by the cheapest route for ``x``'s size.
 
     - inside a caller's ``torch.compile``: ``spec`` itself (the caller's Inductor fuses it);
-    - below ``tiers.compile_from(x.dtype)`` elements: ``eager(x, *args)`` (the spec's operations
+    - below ``tiers.compile_from(x.dtype)`` elements (and above ``tiers.compiled_up_to``): ``eager(x, *args)`` (the spec's operations
       with fewer temporaries; ``None`` from it means "not covered, use the spec") while autograd
       is not recording for ``x`` (its in-place steps would overwrite saved values), else ``spec``;
-    - above: the compiled ``compiled_spec`` (default ``spec``) of ``prepare(x)`` (default ``x``),
+    - otherwise: the compiled ``compiled_spec`` (default ``spec``) of ``prepare(x)`` (default ``x``),
       its token dims marked dynamic until a graph dynamic in them exists (``CpuTiers.dynamic``);
       with ``CpuTiers.standalone`` the same code called without Dynamo while its guards hold.
 

@@ -101,7 +101,7 @@ def bench_one(label: str, op: torch.nn.Module, native_op: torch.nn.Module, token
         "forward_cpu": lambda: op(x),
         "eager_tier": lambda: eager_op(x),
     }, rounds)
-    path = "compiled" if x.numel() >= op.cpu_tiers.compile_from(x.dtype) else "eager"
+    path = "compiled" if op.cpu_tiers.runs_compiled(x.numel(), x.dtype) else "eager"
     us = {k: v * 1e6 for k, v in t.items()}
     return (f"| {label} | {str(dtype).removeprefix('torch.')} | {tokens}x{tuple(x.shape)[-1]} | "
             f"{us['eager']:.1f} | {us['native_op']:.1f} | {us['compile']:.1f} | "

@@ -329,8 +329,12 @@ class SituAndMul(_Activation):
     gated = True
     compile_native_default = True
     #: compiled and eager tie at 64x8192 (Inductor's fp32 tanh is no cheaper than ATen's) and
-    #: compiled wins from 128x8192 (1.4x in fp32), one thread (benchmarks/results/cpu_activation.md)
-    cpu_tiers = CpuTiers(1 << 20, standalone=True)
+    #: compiled wins from 128x8192 (1.4x in fp32), one thread (benchmarks/results/cpu_activation.md).
+    #: Below 64K input elements the compiled code (called without Dynamo) wins again: 1-4 rows of
+    #: 2 x 8192, 2 threads, 2026-12-02, bf16 / fp32 x torch.compile: eager tier 0.67-0.97x,
+    #: compiled 1.18-1.95x; from 128K elements (8 x 2 x 8192, 4 x 2 x 14336) eager was faster
+    #: (BENCHMARKS.md, "issue 18, CPU, sixth day")
+    cpu_tiers = CpuTiers(1 << 20, standalone=True, compiled_up_to=1 << 16)
     repr_fields = ("beta", "linear_beta")
 
     def __init__(self, beta: float = 1.0, linear_beta: float | None = None, **kwargs: Any) -> None:

@@ -198,6 +198,35 @@ def test_warmup_covers_every_width_of_the_activations_and_quant():
                     assert graphs() == before, (name, width, tokens)
 
 
+def test_situ_small_size_band_compiles_before_the_first_request(monkeypatch):
+    """SituAndMul runs compiled from 1M elements and, below that, in a band of 1 to 64K elements
+    (``CpuTiers.compiled_up_to``): warm-up builds the band's artifacts too (its one-token one
+    included), so 1-4 rows of 2 x 8192 compile nothing on the request path, match the spec and
+    take the compiled tier; 8 rows (128K elements) run the eager tier."""
+    op = enabled(A.SituAndMul, 4.0, 25.0)
+    tiers = op.cpu_tiers
+    assert tiers.runs_compiled(1 << 16, torch.float32) and not tiers.runs_compiled((1 << 16) + 1, torch.float32)
+    assert tiers.runs_compiled(1 << 20, torch.bfloat16) and not tiers.runs_compiled(0, torch.float32)
+    assert not tiers.compiling_from(1 << 20).runs_compiled(1, torch.float32)  # experiments: no band
+    rows = customop.warmup([op], dtypes=(torch.bfloat16,))
+    assert all(r.outcome == "ran" for r in rows)
+    before = graphs()
+    compiled_calls = []
+    real_run = standalone.run
+
+    def counting_run(*args, **kwargs):
+        compiled_calls.append(args[1].shape[0])
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(standalone, "run", counting_run)
+    with torch.no_grad():
+        for tokens in (1, 4, 8):
+            x = torch.randn(tokens, 2 * 8192).to(torch.bfloat16)
+            assert_close(op(x), op.forward_native(x), torch.bfloat16)
+            assert graphs() == before, tokens
+    assert compiled_calls == [1, 4]  # 8 rows: the eager tier
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_warmup_apply_rotary_from_its_attention_module(monkeypatch, dtype):
