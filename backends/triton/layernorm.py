@@ -113,6 +113,20 @@ def _store(ptrs, value, mask, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 MASK_N: tl.constexpr):
+    """(weight, bias) of a row block, each ``[1, BLOCK_N]`` (0.0 where the op has none), kept in
+    L2 for the next blocks (evict_last)."""
+    w = 0.0
+    b = 0.0
+    if HAS_WEIGHT:
+        w = _load(w_ptr + cols, cols < n_cols, MASK_N, "evict_last")[None, :]
+    if HAS_BIAS:
+        b = _load(b_ptr + cols, cols < n_cols, MASK_N, "evict_last")[None, :]
+    return w, b
+
+
+@triton.jit
 def _norm_block(
     x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, block, n_rows, n_cols,
     x_stride, res_stride, out_stride, g_stride, ro_stride, eps,
@@ -138,13 +152,8 @@ def _norm_block(
         mask = tl.broadcast_to((rows < n_rows)[:, None], (BLOCK_M, BLOCK_N))
     else:  # only the columns, or unused
         mask = tl.broadcast_to((cols < n_cols)[None, :], (BLOCK_M, BLOCK_N))
-    w = 0.0
-    b = 0.0
     if W_FIRST:
-        if HAS_WEIGHT:
-            w = _load(w_ptr + cols, cols < n_cols, MASK_N, "evict_last")[None, :]
-        if HAS_BIAS:
-            b = _load(b_ptr + cols, cols < n_cols, MASK_N, "evict_last")[None, :]
+        w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, MASK_N)
     x = _load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask, MASKED, POLICY).to(tl.float32)
     g = 0.0
     if GATE != NO_GATE:
@@ -160,10 +169,7 @@ def _norm_block(
             x = tl.where((cols < n_cols)[None, :], x, 0.0)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     if not W_FIRST:
-        if HAS_WEIGHT:
-            w = _load(w_ptr + cols, cols < n_cols, MASK_N, "evict_last")[None, :]
-        if HAS_BIAS:
-            b = _load(b_ptr + cols, cols < n_cols, MASK_N, "evict_last")[None, :]
+        w, b = _load_affine(w_ptr, b_ptr, cols, n_cols, HAS_WEIGHT, HAS_BIAS, MASK_N)
     y = _weighted(x * rstd[:, None], w, W_DTYPE, HAS_WEIGHT, KIND)
     if HAS_BIAS:
         y = y + b.to(tl.float32)
