@@ -129,7 +129,7 @@ def _trace(form: Callable[..., Any], tensors: list[torch.Tensor], args: tuple[An
             return mode.from_tensor(t.detach(), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
 
         fakes: list[Any] = []
-        for t in tensors:
+        for t in tensors:  # a loop, not a comprehension: fake() reads fakes[0] (x's token symbol)
             fakes.append(fake(t))
 
         def graph(*ts: torch.Tensor) -> Any:

@@ -178,9 +178,10 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
     """``spec(x, *args, **kwargs)`` on the CPU, by the cheapest route for ``x``'s size.
 
     - inside a caller's ``torch.compile``: ``spec`` itself (the caller's Inductor fuses it);
-    - below ``tiers.compile_from(x.dtype)`` elements (and above ``tiers.compiled_up_to``): ``eager(x, *args)`` (the spec's operations
-      with fewer temporaries; ``None`` from it means "not covered, use the spec") while autograd
-      is not recording for ``x`` (its in-place steps would overwrite saved values), else ``spec``;
+    - below ``tiers.compile_from(x.dtype)`` elements and above ``tiers.compiled_up_to``:
+      ``eager(x, *args)`` (the spec's operations with fewer temporaries; ``None`` from it means
+      "not covered, use the spec") while autograd is not recording for ``x`` (its in-place steps
+      would overwrite saved values), else ``spec``;
     - otherwise: the compiled ``compiled_spec`` (default ``spec``) of ``prepare(x)`` (default ``x``),
       its token dims marked dynamic until a graph dynamic in them exists (``CpuTiers.dynamic``);
       with ``CpuTiers.standalone`` the same code called without Dynamo while its guards hold.

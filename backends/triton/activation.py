@@ -16,7 +16,6 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from customop.backends.triton import _tuning
-
 from customop.backends.triton._common import (
     GRID_YZ_MAX, INTERPRETED, NEG_LOG2E, as_rows, device_guard, expm1_neg, gelu_erf, mul_sigmoid, row_stride,
 )
