@@ -10,6 +10,10 @@ Tiles come from ``_tuning`` (``tile`` for the gated ops, ``flat`` for the elemen
 
 from __future__ import annotations
 
+import functools
+import math
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -35,21 +39,21 @@ _GELU_FAST_C = tl.constexpr(0.7978845608)  # gelu_fast's spec inlines the consta
 #: situ's tanh: the device library's when compiled for a GPU, a portable form under the
 #: interpreter (which has no libdevice)
 _DEVICE_TANH = tl.constexpr(not INTERPRETED)
-_FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
-def _tanh_scale(p):
-    """-2 / |p| (a scalar, once per program), clamped to finite: tanh(|x / p|) = -m / (2 + m) with
-    m = expm1_neg(|x| * _tanh_scale(p)) in [-1, 0]. That form has no cancellation near 0
-    (2 sigmoid(2v) - 1 loses the relative accuracy of small results) and needs no device-specific
-    tanh intrinsic; the caller divides once for all its factors (2 + m lies in [1, 2]).
-    The scale is Triton's approximate `/` (div.full.f32, <= 2 ulp; tl.math.div_rn's slow-path call
-    took the situ kernel from 48 to 64 registers on sm_90), so |x| times it is within ~2.5 ulp of
-    -2 |x / p|, about the <= 2 ulp of the per-element x / p it replaces; tanh's condition number
-    is below 1, so tanh moves by no more. A subnormal p (-2 / |p| = -inf in fp32) gets -FLT_MAX,
-    so that x = 0 gives 0 (not 0 * inf = NaN) and any other x saturates tanh, as x / p does."""
-    return tl.maximum(-2.0 / tl.abs(p), -_FLT_MAX)
+def _tanh_approx(x):
+    # the hardware tanh (MUFU.TANH, sm_75+): relative error <= 2**-10.99 (PTX ISA), 1/8 of a
+    # bf16 ulp; only bf16 outputs on NVIDIA GPUs use it (the launcher's FAST_TANH)
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _device_tanh(x, FAST_TANH: tl.constexpr):
+    if FAST_TANH:
+        return _tanh_approx(x)
+    else:
+        return libdevice.tanh(x)
 
 
 @triton.jit
@@ -88,18 +92,20 @@ def _gate_act(a, param, ACT: tl.constexpr):
 
 @triton.jit
 def _and_mul_kernel(
-    x_ptr, out_ptr, n_rows, d, x_stride, out_stride, gate_offset, up_offset, param, param2, param3,
+    x_ptr, out_ptr, n_rows, d, x_stride, out_stride, gate_offset, up_offset, param, param2, param3, param4,
     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     EVEN: tl.constexpr = False, INT64: tl.constexpr = True, EVICT: tl.constexpr = "evict_first",
-    GRID2D: tl.constexpr = False, WIDTH: tl.constexpr = 0,
+    GRID2D: tl.constexpr = False, WIDTH: tl.constexpr = 0, FAST_TANH: tl.constexpr = False,
 ):
     # param: fatrelu's threshold, swiglustep's and silu_and_mul_with_clamp's limit, situ's beta;
-    # param2: silu_and_mul_with_clamp's alpha, situ's linear_beta; param3: silu_and_mul_with_clamp's beta
+    # param2: silu_and_mul_with_clamp's alpha, situ's 1 / beta; param3: silu_and_mul_with_clamp's
+    # beta, situ's linear_beta; param4: situ's 1 / linear_beta (the reciprocals: _situ_params)
     # tiles of the [n_rows, d] output, row-major (column block fastest): the programs in flight
     # read one contiguous stretch of x and write one of out, as a flat copy does. EVEN: the tile
     # divides the output (no bounds checks); INT64: 64-bit offsets (the host picks 32-bit when
     # every offset fits); EVICT: x's eviction policy ("" for none); WIDTH > 0: d, with x's and
-    # out's rows packed (strides 2d and d), as compile-time constants (one kernel per width).
+    # out's rows packed (strides 2d and d), as compile-time constants (one kernel per width);
+    # FAST_TANH: situ's tanh is the hardware approximation (bf16 outputs on NVIDIA GPUs).
     if WIDTH > 0:
         width: tl.constexpr = WIDTH
         x_row_stride: tl.constexpr = 2 * WIDTH
@@ -125,33 +131,33 @@ def _and_mul_kernel(
         g = tl.minimum(a, param)
         y = mul_sigmoid(g, g, param2) * (tl.minimum(tl.maximum(b, -param), param) + param3)
     elif ACT == SITU or ACT == SITU_LINEAR:
-        # beta tanh(a / beta) sigmoid(a) [times linear_beta tanh(b / linear_beta)] with one
-        # division per element where the spec's formula has three (five): a / beta and
-        # b / linear_beta become products with a per-program scale (_tanh_scale), and the
-        # denominators of tanh (2 + m) and sigmoid (1 + exp(-a)) multiply into one, divided once.
-        # beta tanh(a / beta) is odd in a and even in beta: |beta| tanh(|a / beta|), then a's
-        # sign (_copysign). Triton's fp32 `/` is the approximate division (div.full.f32 on NVIDIA:
-        # <= 2 ulp; it rescales denominators above 2**126, so 1 + exp(-a) up to inf gives 0): one
-        # such division and one or two products of denominators (0.5 ulp each) replace two (four)
-        # approximate divisions, a few ulp in all as before; sigmoid's exp is rounded as
-        # mul_sigmoid says. The gate (|beta tanh sigmoid| <= |beta|) is formed before b multiplies
-        # it, as in the spec, so a large b with a small sigmoid does not overflow on the way.
+        # beta tanh(a / beta) sigmoid(a) [times linear_beta tanh(b / linear_beta)], with a / beta
+        # a product with the host's 1 / beta (as Inductor's code has it: within ~1.5 fp32 ulp of
+        # the quotient; tanh's condition number is below 1, so tanh moves by no more). The gate
+        # (|beta tanh sigmoid| <= |beta|) is formed before b multiplies it, as in the spec, so a
+        # large b with a small sigmoid does not overflow on the way.
         if _DEVICE_TANH:
             # compiled for a GPU: the device library's tanh (CUDA's tanhf, <= 2 ulp; the function
-            # Inductor's code calls), measured cheaper than the portable form below (H200, bf16,
-            # BENCHMARKS.md); the interpreter has no libdevice, so CI runs the portable form and
-            # the H200 tier (tests/gpu) checks this one against float64. -0.5 * _tanh_scale(p)
-            # is 1 / |p| (the 0.5 is exact).
-            g = _copysign(tl.abs(param) * libdevice.tanh(tl.abs(a) * (-0.5 * _tanh_scale(param))), a)
+            # Inductor's code calls) or, for bf16 outputs on NVIDIA, the hardware tanh (one
+            # special-function op where tanhf costs two and a dozen others: the kernel was bound
+            # by them, H200 BENCHMARKS.md); sigmoid's division is Triton's approximate `/`
+            # (div.full.f32: <= 2 ulp, 1 / inf is 0). The interpreter has no libdevice and no
+            # inline assembly: CI runs the portable form below, the H200 tier (tests/gpu) checks
+            # these against float64.
+            g = param * _device_tanh(a * param2, FAST_TANH)
             if ACT == SITU_LINEAR:
-                b = _copysign(tl.abs(param2) * libdevice.tanh(tl.abs(b) * (-0.5 * _tanh_scale(param2))), b)
+                b = param3 * _device_tanh(b * param4, FAST_TANH)
             y = g / (1.0 + tl.exp2(a * NEG_LOG2E)) * b
         else:
-            m = expm1_neg(tl.abs(a) * _tanh_scale(param))
+            # portable: tanh(|v|) = -m / (2 + m) with m = expm1(-2 |v|) in [-1, 0] (no
+            # cancellation near 0), and the denominators of tanh (2 + m, in [1, 2]) and sigmoid
+            # (1 + exp(-a)) multiplied into one, divided once; beta tanh(a / beta) is odd in a and
+            # even in beta: |beta| tanh(|a / beta|), then a's sign (_copysign).
+            m = expm1_neg(tl.abs(a) * (-2.0 * tl.abs(param2)))
             den = (2.0 + m) * (1.0 + tl.exp2(a * NEG_LOG2E))
             if ACT == SITU_LINEAR:
-                m_up = expm1_neg(tl.abs(b) * _tanh_scale(param2))
-                b = _copysign(-tl.abs(param2) * m_up, b)
+                m_up = expm1_neg(tl.abs(b) * (-2.0 * tl.abs(param4)))
+                b = _copysign(-tl.abs(param3) * m_up, b)
                 den = den * (2.0 + m_up)
             y = _copysign(-tl.abs(param) * m / den, a) * b
     else:
@@ -300,8 +306,19 @@ def _gated_io(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 #: the clamp / situ / swiglustep codes were not measured: they keep the mid-size tile
 _STREAMING_TILE_ACTS = frozenset(code.value for code in (SILU, FATRELU, GELU_TANH))
 #: the activations bound by the special-function units (two tanh and a sigmoid per element):
-#: _tuning's compute-bound tile (TILE_TABLE's ``compute_elems_per_warp``)
+#: _tuning's compute-bound tile (TILE_TABLE's ``compute_elems_per_warp``), unless FAST_TANH
+#: (one special-function op per tanh) makes them streaming ops like silu's
 _COMPUTE_BOUND_ACTS = frozenset(code.value for code in (SITU, SITU_LINEAR))
+
+
+def _tile_class(kernel, constexprs: dict) -> tuple[bool, bool]:
+    """(streaming class, compute-bound) of a gated launch: which of _tuning's tiles it takes."""
+    if kernel is not _and_mul_kernel:
+        return False, False
+    act = constexprs["ACT"]
+    if act in _COMPUTE_BOUND_ACTS:
+        return (True, False) if constexprs.get("FAST_TANH") else (False, True)
+    return act in _STREAMING_TILE_ACTS, False
 
 
 #: the row blocks of a 2-D tile grid ride the grid's second axis (a module name: tests patch it)
@@ -315,8 +332,7 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
     n_rows, d = out_rows.shape
     if out.numel() == 0:
         return out
-    streaming = kernel is _and_mul_kernel and constexprs["ACT"] in _STREAMING_TILE_ACTS
-    compute_bound = kernel is _and_mul_kernel and constexprs["ACT"] in _COMPUTE_BOUND_ACTS
+    streaming, compute_bound = _tile_class(kernel, constexprs)
     cfg = config or _tuning.tile_config(x.device, n_rows, d, streaming_class=streaming, compute_bound=compute_bound)
     row_blocks, col_blocks = triton.cdiv(n_rows, cfg.block_m), triton.cdiv(d, cfg.block_n)
     grid2d = cfg.grid2d and row_blocks <= _GRID_Y
@@ -336,10 +352,12 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
 
 
 def _and_mul(x: torch.Tensor, act: tl.constexpr, param: float = 0.0, gate_second: bool = False,
-             config: _tuning.TileConfig | None = None, param2: float = 0.0, param3: float = 0.0) -> torch.Tensor:
+             config: _tuning.TileConfig | None = None, param2: float = 0.0, param3: float = 0.0,
+             param4: float = 0.0, **constexprs) -> torch.Tensor:
     d = x.shape[-1] // 2
     gate_offset, up_offset = (d, 0) if gate_second else (0, d)
-    return _launch_tiles(_and_mul_kernel, x, config, gate_offset, up_offset, param, param2, param3, ACT=act.value)
+    return _launch_tiles(_and_mul_kernel, x, config, gate_offset, up_offset, param, param2, param3, param4,
+                         ACT=act.value, **constexprs)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -373,11 +391,32 @@ def silu_and_mul_with_clamp(x: torch.Tensor, swiglu_limit: float, alpha: float, 
     return _and_mul(x, SILU_CLAMP, param=swiglu_limit, param2=alpha, param3=beta, config=config)
 
 
+_FLT_MAX = float(torch.finfo(torch.float32).max)
+
+
+@functools.lru_cache(maxsize=64)
+def _fp32_reciprocal(p: float) -> float:
+    """1 / p for a kernel whose p arrives as an fp32 argument: the reciprocal of p rounded to
+    fp32, kept within +-FLT_MAX / 2. A subnormal p's reciprocal (inf in fp32) becomes that
+    bound, so a / p of a = 0 is 0 (not 0 * inf = NaN) and any normal a saturates tanh, as the
+    quotient does; the halving keeps the portable form's -2 / |p| finite."""
+    p32 = struct.unpack("f", struct.pack("f", p))[0]
+    if p32 == 0.0:
+        return math.copysign(_FLT_MAX / 2, p)
+    return math.copysign(min(abs(1.0 / p32), _FLT_MAX / 2), p32)
+
+
+def _fast_tanh(x: torch.Tensor) -> bool:
+    """Whether situ's tanh may be the hardware approximation: bf16 outputs (its error is 1/8 of
+    their ulp; fp16's ulp is 8x finer) on an NVIDIA GPU (inline PTX)."""
+    return x.dtype == torch.bfloat16 and x.device.type == "cuda" and torch.version.hip is None
+
+
 def situ_and_mul(x: torch.Tensor, beta: float, linear_beta: float | None,
                  config: _tuning.TileConfig | None = None) -> torch.Tensor:
-    if linear_beta is None:
-        return _and_mul(x, SITU, param=beta, config=config)
-    return _and_mul(x, SITU_LINEAR, param=beta, param2=linear_beta, config=config)
+    act, up = (SITU, 1.0) if linear_beta is None else (SITU_LINEAR, linear_beta)
+    return _and_mul(x, act, param=beta, param2=_fp32_reciprocal(beta), param3=up, param4=_fp32_reciprocal(up),
+                    config=config, FAST_TANH=_fast_tanh(x))
 
 
 def swigluoai_and_mul(x: torch.Tensor, alpha: float, limit: float,

@@ -94,3 +94,39 @@ def test_input_inside_nan_guarded_buffer(cuda_kernels, label, poison_empty):
     torch.cuda.synchronize()
     assert not out.isnan().any()
     assert_close_on_device(out, _reference(case, x, op).to(torch.bfloat16), label)
+
+
+def _bf16_ulp(ref: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 values at |ref| (8 significant bits), floored at the smallest normal."""
+    mag = ref.abs().clamp(min=torch.finfo(torch.bfloat16).tiny)
+    return torch.exp2(torch.floor(torch.log2(mag)) - 7)
+
+
+@pytest.mark.parametrize("beta,linear_beta", [(4.0, 25.0), (-4.0, None), (-0.5, -3.0), (1e-3, None), (100.0, -0.7)])
+def test_situ_bf16_hardware_tanh_within_one_ulp(beta, linear_beta, poison_empty):
+    """bf16 situ_and_mul on NVIDIA takes the hardware tanh (tanh.approx.f32, relative error <=
+    2**-10.99): against float64, each output within one bf16 ulp of the exact value (rounding
+    alone allows half), over gate and up from 1e-30 to 100 of both signs, negative / tiny /
+    large betas."""
+    from customop.backends.triton import activation as kernels
+
+    if torch.version.hip is not None:
+        pytest.skip("the hardware tanh is NVIDIA's (inline PTX)")
+    mag = torch.logspace(-30, 2, 4095, dtype=torch.float64, device="cuda")
+    vals = torch.cat([mag, -mag, torch.zeros(2, dtype=torch.float64, device="cuda")])
+    shuffled = vals[torch.randperm(vals.numel(), device="cuda")]
+    x = torch.stack([torch.cat([vals, shuffled]), torch.cat([shuffled, vals])]).to(torch.bfloat16)
+    assert kernels._fast_tanh(x)
+    out = kernels.situ_and_mul(x, beta, linear_beta)
+    torch.cuda.synchronize()
+    ref = reference(BY_LABEL["situ_and_mul"], x.double(), _situ(beta, linear_beta))
+    # the absolute floor: results below fp32's normal range may flush to zero on the way
+    err = ((out.double() - ref).abs() - torch.finfo(torch.float32).tiny).clamp(min=0) / _bf16_ulp(ref)
+    assert not out.isnan().any()
+    assert err.max().item() <= 1.0, f"max error {err.max().item():.3f} bf16 ulp"
+
+
+def _situ(beta, linear_beta):
+    from customop.ops.activation import SituAndMul
+
+    return SituAndMul(beta, linear_beta)

@@ -58,7 +58,8 @@ _GATED_SIG = {"x_ptr": P, "z_ptr": P, "out_ptr": P, "w_ptr": P, "n_rows": "i32",
               "x_stride": "i32", "z_stride": "i32", "out_stride": "i32", "eps": "fp32"}
 ALIGNED_LN = ALIGNED_NORM + ("b_ptr",)
 _AND_MUL_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
-                "gate_offset": "i32", "up_offset": "i32", "param": "fp32", "param2": "fp32", "param3": "fp32"}
+                "gate_offset": "i32", "up_offset": "i32", "param": "fp32", "param2": "fp32", "param3": "fp32",
+                "param4": "fp32"}
 _OAI_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
             "alpha": "fp32", "limit": "fp32"}
 _SPARSE_SIG = {"x_ptr": P, "out_ptr": P, "n_rows": "i32", "d": "i32", "x_stride": "i32", "out_stride": "i32",
@@ -139,6 +140,11 @@ def cases():
     for name, code in (("silu", act.SILU), ("gelu", act.GELU), ("fatrelu", act.FATRELU), ("swiglustep", act.SWIGLUSTEP),
                        ("silu_clamp", act.SILU_CLAMP), ("situ", act.SITU), ("situ_linear", act.SITU_LINEAR)):
         yield f"and_mul {name} 1x2048", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": code.value, "BLOCK_M": 1, "BLOCK_N": 2048}, 4, ROW_ALIGNED
+    for name, code in (("situ", act.SITU), ("situ_linear", act.SITU_LINEAR)):
+        # the hardware tanh (inline PTX): NVIDIA targets only
+        yield (f"and_mul {name} fast-tanh even int32 1x2048 nvidia-only", act._and_mul_kernel, _AND_MUL_SIG,
+               {"ACT": code.value, "BLOCK_M": 1, "BLOCK_N": 2048, "EVEN": True, "INT64": False, "FAST_TANH": True}, 8,
+               ROW_ALIGNED)
     yield "and_mul silu 1x512", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": act.SILU.value, "BLOCK_M": 1, "BLOCK_N": 512}, 1, ROW_ALIGNED
     yield "and_mul silu 16x128", act._and_mul_kernel, _AND_MUL_SIG, {"ACT": act.SILU.value, "BLOCK_M": 16, "BLOCK_N": 128}, 4, ROW_ALIGNED
     # the tile sweep's shapes with the code-generation knobs (no bounds checks, 32-bit offsets)
@@ -234,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     report, failures, seen = {}, 0, set()
     for label, kernel, sig, const, warps, aligned in cases():
         if (args.only and args.only not in label) or (args.one_per_kernel and kernel in seen):
+            continue
+        if "nvidia-only" in label and not args.target.startswith("cuda"):
             continue
         seen.add(kernel)
         t0 = time.perf_counter()

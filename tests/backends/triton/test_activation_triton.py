@@ -7,6 +7,7 @@ then the launchers directly (strided inputs, tilings, the looped variant) and th
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -265,8 +266,9 @@ def _wide_values(n: int = 512) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("beta,linear_beta", [(4.0, 25.0), (-4.0, None), (-0.5, -3.0), (1e-3, None), (100.0, -0.7)])
 def test_situ_wide_range_and_signs_match_float64(beta, linear_beta, dtype, poison_empty):
-    """situ_and_mul's one-division form (|beta| tanh(|a / beta|) with a's sign, the tanh and
-    sigmoid denominators multiplied, a / beta as a product with -2 / |beta|) over the whole range:
+    """situ_and_mul's portable one-division form (|beta| tanh(|a / beta|) with a's sign, the tanh
+    and sigmoid denominators multiplied, a / beta as a product with the host's 1 / beta) over the
+    whole range:
     gate and up each from 1e-30 to 100 of both signs against the other half's values shuffled,
     negative / tiny / large beta and linear_beta, every dtype."""
     vals = _wide_values()
@@ -278,7 +280,7 @@ def test_situ_wide_range_and_signs_match_float64(beta, linear_beta, dtype, poiso
 
 def test_situ_special_values(poison_empty):
     """Infinite gates saturate (|beta| b and -0), zeros stay 0, also with a subnormal beta (whose
-    -2 / |beta| overflows in fp32; _tanh_scale clamps it, see the next test)."""
+    1 / beta overflows in fp32; _fp32_reciprocal clamps it, see the next test)."""
     a = torch.tensor([float("inf"), -float("inf"), 0.0, -0.0, 1.0, -3.0])
     x = torch.cat([a, torch.full_like(a, -2.0)])[None, :]
     for beta, linear_beta in [(4.0, None), (-4.0, 25.0), (1e-40, None), (1e-40, 1e-40)]:
@@ -289,26 +291,29 @@ def test_situ_special_values(poison_empty):
 
 
 @triton.jit
-def _tanh_scale_kernel(p_ptr, out_ptr, x_ptr, tanh_ptr):
-    scale = act._tanh_scale(tl.load(p_ptr))
-    tl.store(out_ptr, scale)
+def _portable_tanh_kernel(inv_ptr, x_ptr, tanh_ptr):
+    # the portable branch's tanh(|x / p|) = -m / (2 + m), m = expm1(-2 |x| |1 / p|)
     offs = tl.arange(0, 4)
-    m = act.expm1_neg(tl.abs(tl.load(x_ptr + offs)) * scale)
+    m = act.expm1_neg(tl.abs(tl.load(x_ptr + offs)) * (-2.0 * tl.abs(tl.load(inv_ptr))))
     tl.store(tanh_ptr + offs, -m / (2.0 + m))
 
 
-@pytest.mark.parametrize("p", [4.0, -0.5, 1e-40, -1e-45])
-def test_tanh_scale_is_finite(p):
-    """-2 / |p| from an fp32 p (a kernel argument is fp32 on the GPU; the interpreter keeps a
-    python float outside fp32's normal range in fp64, so situ_and_mul's own test cannot reach
-    this): a subnormal p gets -FLT_MAX instead of -inf, so tanh(0 / p) is 0 rather than NaN and
-    tanh(+-1 / p) saturates to 1."""
-    p32 = torch.tensor([p], dtype=torch.float32)
-    scale, tanh = torch.empty(1), torch.empty(4)
-    _tanh_scale_kernel[(1,)](p32, scale, torch.tensor([0.0, -0.0, 1.0, -1.0]), tanh)
-    flt_max = torch.finfo(torch.float32).max
-    assert scale.item() == max(-2.0 / abs(float(p32)), -flt_max)
-    want = torch.tanh(torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64) / abs(float(p32)))
+@pytest.mark.parametrize("p", [4.0, -0.5, 25.0, 1e-40, -1e-45, 3e38])
+def test_fp32_reciprocal_stays_finite(p):
+    """The host's 1 / beta for the kernel's fp32 beta: the reciprocal of beta rounded to fp32
+    (an fp32 argument on the GPU; the interpreter keeps a python float outside fp32's normal range
+    in fp64, so situ_and_mul's own test cannot reach this), within +-FLT_MAX / 2: a subnormal
+    beta's tanh(0 / beta) is 0 rather than NaN, tanh(+-1 / beta) saturates to 1, and the portable
+    form's -2 / |beta| stays finite."""
+    p32 = float(torch.tensor(p, dtype=torch.float32))
+    half_max = torch.finfo(torch.float32).max / 2
+    inv = act._fp32_reciprocal(p)
+    assert inv == math.copysign(min(abs(1.0 / p32), half_max), p32)
+    inv32 = torch.tensor([inv], dtype=torch.float32)
+    assert torch.isfinite(-2.0 * inv32).all()
+    tanh = torch.empty(4)
+    _portable_tanh_kernel[(1,)](inv32, torch.tensor([0.0, -0.0, 1.0, -1.0]), tanh)
+    want = torch.tanh(torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64) / abs(p32))
     assert_close(tanh, want, torch.float32)
 
 
