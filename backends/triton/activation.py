@@ -21,7 +21,7 @@ from triton.language.extra import libdevice
 
 from customop.backends.triton import _tuning
 from customop.backends.triton._common import (
-    GRID_YZ_MAX, INTERPRETED, NEG_LOG2E, as_rows, device_guard, expm1_neg, gelu_erf, mul_sigmoid, row_stride,
+    GRID_YZ_MAX, INTERPRETED, NEG_LOG2E, as_rows, device_guard, expm1_neg, gelu_erf, mul_sigmoid, row_stride, silu,
 )
 from customop.backends.triton._common import gelu_tanh as tanh_gelu  # gelu_tanh: the launcher below
 
@@ -79,13 +79,13 @@ def _tile_index(d, BLOCK_N: tl.constexpr, GRID2D: tl.constexpr):
 def _gate_act(a, param, ACT: tl.constexpr):
     # param: fatrelu's threshold or swiglustep's limit
     if ACT == SILU:
-        return mul_sigmoid(a, a, 1.0)
+        return silu(a)
     elif ACT == GELU:
         return gelu_erf(a)
     elif ACT == GELU_TANH:
         return tanh_gelu(a, _SQRT_2_OVER_PI)
     elif ACT == SWIGLUSTEP:
-        return tl.minimum(mul_sigmoid(a, a, 1.0), param)
+        return tl.minimum(silu(a), param)
     else:  # FATRELU
         return tl.where(a > param, a, 0.0)
 
