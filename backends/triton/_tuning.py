@@ -351,20 +351,24 @@ def _small_grid_warps(kind: str, t: dict[str, int], elems: int) -> int:
 
 
 def tile_config(device: torch.device, n_rows: int, n_cols: int, streaming_class: bool = True,
-                compute_bound: bool = False) -> TileConfig:
+                compute_bound: bool = False, const_width: bool = False) -> TileConfig:
     """2-D elementwise tile over an ``[n_rows, n_cols]`` output. ``streaming_class=False`` keeps
     the mid-size tile at streaming sizes too, for the ops not measured faster in the streaming one
     (gelu_and_mul's erf gate, compute-bound there, ran at 99.4 / 789.7 us at 4096 / 32768 x 2 x
     14336 in it against 93.4 / 737.2 in the mid-size tile; H200, 2026-12-02 / 2026-11-29).
-    ``compute_bound``: the mid-size tile at TILE_TABLE's ``compute_elems_per_warp`` (situ)."""
+    ``compute_bound``: the mid-size tile at TILE_TABLE's ``compute_elems_per_warp`` (situ).
+    ``const_width``: the streaming tile with the width as a compile-time constant (TileConfig's
+    ``const_width``): situ with the hardware tanh, H200 sweep 2026-12-02 (bf16, x 2 x 14336,
+    4096 / 32768 tokens): 88.3 / 688.8 -> 82.2 / 642.1 us, the same-size copy 84.0 / 657.3; silu
+    and gelu were within 0.3% either way, so they keep the runtime width."""
     kind = device_kind(device)
     return _apply_override("tile", _tile_config(kind, sm_count(device), n_rows, n_cols, streaming_class,
-                                                compute_bound))
+                                                compute_bound, const_width))
 
 
 @functools.lru_cache(maxsize=512)
 def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class: bool = True,
-                 compute_bound: bool = False) -> TileConfig:
+                 compute_bound: bool = False, const_width: bool = False) -> TileConfig:
     t = _table(TILE_TABLE, kind)
     stream = streaming_class and n_rows > t["decode_tokens"]
     elems = t["stream_tile_elems"] if stream else t["tile_elems"]
@@ -386,7 +390,7 @@ def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class:
         per_warp = t["compute_elems_per_warp" if compute_bound else "elems_per_warp"]
     warps = max(1, min(8, block_m * block_n // per_warp))
     return TileConfig(block_m, block_n, _warps(kind, warps), evict=not stream,
-                      grid2d=n_rows <= t["decode_tokens"])
+                      grid2d=n_rows <= t["decode_tokens"], const_width=const_width and stream)
 
 
 def flat_config(device: torch.device, numel: int, unary: bool = False) -> TileConfig:

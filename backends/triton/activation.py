@@ -307,18 +307,20 @@ def _gated_io(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 _STREAMING_TILE_ACTS = frozenset(code.value for code in (SILU, FATRELU, GELU_TANH))
 #: the activations bound by the special-function units (two tanh and a sigmoid per element):
 #: _tuning's compute-bound tile (TILE_TABLE's ``compute_elems_per_warp``), unless FAST_TANH
-#: (one special-function op per tanh) makes them streaming ops like silu's
+#: (one special-function op per tanh) makes them streaming ops like silu's, with a constant width
 _COMPUTE_BOUND_ACTS = frozenset(code.value for code in (SITU, SITU_LINEAR))
 
 
-def _tile_class(kernel, constexprs: dict) -> tuple[bool, bool]:
-    """(streaming class, compute-bound) of a gated launch: which of _tuning's tiles it takes."""
+def _tile_class(kernel, constexprs: dict) -> dict[str, bool]:
+    """Which of _tuning's tiles a gated launch takes (tile_config's keyword arguments)."""
     if kernel is not _and_mul_kernel:
-        return False, False
+        return {"streaming_class": False}
     act = constexprs["ACT"]
     if act in _COMPUTE_BOUND_ACTS:
-        return (True, False) if constexprs.get("FAST_TANH") else (False, True)
-    return act in _STREAMING_TILE_ACTS, False
+        if constexprs.get("FAST_TANH"):
+            return {"streaming_class": True, "const_width": True}
+        return {"streaming_class": False, "compute_bound": True}
+    return {"streaming_class": act in _STREAMING_TILE_ACTS}
 
 
 #: the row blocks of a 2-D tile grid ride the grid's second axis (a module name: tests patch it)
@@ -332,8 +334,7 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
     n_rows, d = out_rows.shape
     if out.numel() == 0:
         return out
-    streaming, compute_bound = _tile_class(kernel, constexprs)
-    cfg = config or _tuning.tile_config(x.device, n_rows, d, streaming_class=streaming, compute_bound=compute_bound)
+    cfg = config or _tuning.tile_config(x.device, n_rows, d, **_tile_class(kernel, constexprs))
     row_blocks, col_blocks = triton.cdiv(n_rows, cfg.block_m), triton.cdiv(d, cfg.block_n)
     grid2d = cfg.grid2d and row_blocks <= _GRID_Y
     grid = (col_blocks, row_blocks) if grid2d else (row_blocks * col_blocks,)
