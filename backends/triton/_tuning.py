@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -147,17 +148,21 @@ RMS_TABLE: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
 }
 #: rows wider than the table: chunk width and warps of the looped kernel
 LOOP_ROW: dict[str, tuple[int, int]] = {"cuda": (8192, 16)}
-#: the row norms at prefill sizes (more than ``min_rows`` rows of at least ``min_width``
-#: padded lanes) takes the looped kernel, Inductor's form for these ops: pass 1 reads the row
-#: (kept in L2 by evict_last), pass 2 re-reads it from L2 and writes. Chunk: half the row, at most
+#: the row norms at prefill sizes take the looped kernel, Inductor's form for these ops: pass 1
+#: reads the row (kept in L2 by evict_last), pass 2 re-reads it from L2 and writes. ``min_rows``:
+#: padded width -> more rows than this loop (the entry of the largest width not above the row's);
+#: ``residual_min_rows`` the same for the fused adds, where given. Chunk: half the row, at most
 #: ``max_chunk`` (rms_norm), or the row, at most ``max_chunk`` (with a residual, whose store then
 #: waits for the reduction instead of competing with the first reads); ``lanes_per_warp`` lanes
-#: per warp. H200 sweep 2026-12-02, bf16, 32768 rows (single-tile pick -> looped; compile):
-#: rms_norm x 4096 130.9 -> 126.8 us (129.3 liger), x 8192 255.3 -> 249.5 (249.3 compile);
-#: fused add x 4096 265.8 -> 251.4 (249.4), x 8192 525.9 -> 508.2 (500.7). At 4096 rows the
-#: looped kernel tied the single tile (34.8 / 68.3 against 35.9 / 68.8 us), below it lost.
-RMS_LOOPED: dict[str, dict[str, int]] = {
-    "cuda": {"min_rows": 8192, "min_width": 4096, "max_chunk": 4096, "lanes_per_warp": 256},
+#: per warp. H200 sweeps, bf16 (single-tile pick -> looped; compile):
+#: - 2026-12-02, 32768 rows: rms_norm x 4096 130.9 -> 126.8 us (129.3 liger), x 8192 255.3 ->
+#:   249.5 (249.3 compile); fused add x 4096 265.8 -> 251.4 (249.4), x 8192 525.9 -> 508.2 (500.7).
+#: - 2026-12-02, 4096 rows: rms_norm x 8192 35.3 -> 34.2 (34.4), fused add x 4096 35.9 -> 34.8
+#:   (33.8), x 8192 68.8 -> 68.3 (66.7 liger); rms_norm x 4096 lost (17.0 -> 18.3: half-row
+#:   chunks of 2048), hence 8192 rows there.
+RMS_LOOPED: dict[str, dict[str, Any]] = {
+    "cuda": {"min_rows": {4096: 8192, 8192: 2048}, "residual_min_rows": {4096: 2048}, "max_chunk": 4096,
+             "lanes_per_warp": 256},
 }
 #: Per-variant changes to the row-norm picks above (``variant`` of rms_config: "rms" the RMSNorm
 #: family, "layer" the layer norms, "gated" the fused gated norms). H200 sweep 2026-12-02, bf16,
@@ -177,7 +182,7 @@ RMS_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "rms": {},
         "layer": {"looped": None, "mid_block_m": 2},
         "gated": {"decode_warps": {4096: 16}, "evict_max_rows": 256,
-                  "looped": {"min_rows": 2048, "min_width": 8192, "max_chunk": 2048, "max_residual_chunk": 4096,
+                  "looped": {"min_rows": {8192: 2048}, "max_chunk": 2048, "max_residual_chunk": 4096,
                              "lanes_per_warp": 256}},
     },
 }
@@ -314,7 +319,7 @@ def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int, residual: bool = 
     width = next_pow2(n_cols)
     changes = _table(RMS_VARIANTS, kind)[variant]
     looped = changes.get("looped", _table(RMS_LOOPED, kind))
-    if looped and n_rows > looped["min_rows"] and width >= looped["min_width"]:
+    if looped and n_rows > _looped_min_rows(looped, width, residual):
         chunk = min(width, looped.get("max_residual_chunk", looped["max_chunk"])) if residual else \
             min(width // 2, looped["max_chunk"])
         return RowConfig(1, chunk, _warps(kind, max(1, chunk // looped["lanes_per_warp"])), False)
@@ -331,6 +336,13 @@ def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int, residual: bool = 
                              evict=n_rows <= evict_max_rows)
     chunk, warps = _table(LOOP_ROW, kind)
     return RowConfig(1, chunk, _warps(kind, warps), False)
+
+
+def _looped_min_rows(looped: dict[str, Any], width: int, residual: bool) -> float:
+    """Above how many rows a row of ``width`` padded lanes takes the looped kernel (RMS_LOOPED)."""
+    by_width = looped.get("residual_min_rows", looped["min_rows"]) if residual else looped["min_rows"]
+    fitting = [w for w in by_width if w <= width]
+    return by_width[max(fitting)] if fitting else math.inf
 
 
 def row_grid(device: torch.device, cfg: RowConfig, n_rows: int) -> tuple[tuple[int], int]:
