@@ -63,6 +63,12 @@ class CpuTiers:
     #: inputs of 1 to this many elements run compiled too: a small-size band where the compiled
     #: code beats the eager tier although the sizes above it, up to ``min_numel``, do not (0: none)
     compiled_up_to: float = 0
+    #: compiled calls of at most this many elements run artifacts compiled for one thread
+    #: (``ONE_THREAD``: no OpenMP region; the standalone route only): a dynamic-shape Inductor
+    #: kernel opens a region at every size, and with other work on the cores its second thread
+    #: can wait out a scheduler slice (ms); ATen's eager kernels stay in one thread below 32K
+    #: elements. 0: every compiled call uses the threads
+    one_thread_up_to: float = 0
     rows: bool = True
     dynamic: bool = True
     dynamic_hidden: bool = True
@@ -76,6 +82,9 @@ class CpuTiers:
     #: fn -> (its ``standalone.Family``, the resolver it came from), for ``standalone.run``
     _families: dict[Callable[..., Any], tuple[Any, ...]] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
+    #: the same for the one-thread artifacts (``one_thread_up_to``)
+    _one_thread_families: dict[Callable[..., Any], tuple[Any, ...]] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def compile_from(self, dtype: torch.dtype) -> float:
         return self.by_dtype.get(dtype, self.min_numel)
@@ -86,8 +95,8 @@ class CpuTiers:
 
     def compiling_from(self, numel: float) -> CpuTiers:
         """A copy that compiles from ``numel`` elements whatever the dtype, and only from there
-        (no small-size band; tests, experiments)."""
-        return dataclasses.replace(self, min_numel=numel, by_dtype={}, compiled_up_to=0)
+        (no small-size band, no one-thread artifacts; tests, experiments)."""
+        return dataclasses.replace(self, min_numel=numel, by_dtype={}, compiled_up_to=0, one_thread_up_to=0)
 
     def compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         hit = self._fns.get(fn)
@@ -107,14 +116,22 @@ class CpuTiers:
         form = compiled_form(fn)  # the RMSNorm specs: the bf16 rounding in fp32 arithmetic
         return (fn, dict(EMULATE_CASTS)) if form is fn else (form, {**EMULATE_CASTS, **EXACT_ROUNDING_OPTIONS})
 
-    def standalone_family(self, fn: Callable[..., Any]) -> standalone.Family:
-        """``form(fn)``'s artifacts for ``standalone.run``, cached like ``compiled``."""
-        hit = self._families.get(fn)
+    def standalone_family(self, fn: Callable[..., Any], one_thread: bool = False) -> standalone.Family:
+        """``form(fn)``'s artifacts for ``standalone.run``, cached like ``compiled``; with
+        ``one_thread``, those compiled for one thread (``ONE_THREAD``)."""
+        cache = self._one_thread_families if one_thread else self._families
+        hit = cache.get(fn)
         if hit is not None and hit[1] is compiled_form:
             return hit[0]
-        fam = standalone.family(*self.form(fn), dynamic_hidden=self.dynamic_hidden)
-        self._families[fn] = (fam, compiled_form)
+        form, options = self.form(fn)
+        fam = standalone.family(form, {**options, **ONE_THREAD} if one_thread else options,
+                                dynamic_hidden=self.dynamic_hidden)
+        cache[fn] = (fam, compiled_form)
         return fam
+
+
+#: Inductor's options for ``CpuTiers.one_thread_up_to``'s artifacts: C++ without OpenMP pragmas
+ONE_THREAD = {"cpp.threads": 1}
 
 
 #: Set by ``warming_up()``: calls of two or more tokens take the compiled tier whatever their size
@@ -184,7 +201,9 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
       would overwrite saved values), else ``spec``;
     - otherwise: the compiled ``compiled_spec`` (default ``spec``) of ``prepare(x)`` (default ``x``),
       its token dims marked dynamic until a graph dynamic in them exists (``CpuTiers.dynamic``);
-      with ``CpuTiers.standalone`` the same code called without Dynamo while its guards hold.
+      with ``CpuTiers.standalone`` the same code called without Dynamo while its guards hold
+      (compiled for one thread up to ``tiers.one_thread_up_to`` elements; a call of the
+      small-size band that the route does not take runs the eager tier).
 
     ``static``: the caller's stand-in for what Dynamo guards on in ``args``/``kwargs`` besides
     tensor sizes (every non-tensor value, and which tensor arguments are None), when it has one
@@ -200,18 +219,27 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
                 return out
         return spec(x, *args, **kwargs)
     if tiers.standalone and prepare is None:
-        # Inductor's code without Dynamo's call path; None: a guard failed, Dynamo's path below.
-        # Without ``rows`` the outputs need not follow x's leading dims: 2-D x only. A 1-D x is
-        # a token tensor (rotary's positions) with [T, ...] arguments, and so is an x of one token
-        # dim and 2+ feature dims (ApplyRotaryEmb's [S, heads, head_size]): ``run_tokens``
-        fam = tiers.standalone_family(compiled_spec or spec)
+        # Inductor's code without Dynamo's call path; None: a guard failed, Dynamo's path below
+        # (the eager tier for a small-size band call). Without ``rows`` the outputs need not
+        # follow x's leading dims: 2-D x only. A 1-D x is a token tensor (rotary's positions)
+        # with [T, ...] arguments, and so is an x of one token dim and 2+ feature dims
+        # (ApplyRotaryEmb's [S, heads, head_size]): ``run_tokens`` (warm-up keeps row-strided
+        # arguments strided: it builds the artifact large calls use)
+        one_thread = x.numel() <= tiers.one_thread_up_to
+        fam = tiers.standalone_family(compiled_spec or spec, one_thread)
         ndim = x.dim()
-        # (warm-up keeps row-strided arguments strided: it builds the artifact large calls use)
         out = (standalone.run_tokens(fam, x, args, kwargs, _WARMING_UP.get())
                if ndim == 1 or ndim == tiers.feature_dims + 1 > 2
                else standalone.run(fam, x, args, kwargs, two_d_only=not tiers.rows))
+        if tiers.one_thread_up_to and _WARMING_UP.get():
+            # warm-up's small inputs stand for large requests too: both thread counts' artifacts
+            _standalone(tiers, tiers.standalone_family(compiled_spec or spec, not one_thread), x, args, kwargs)
         if out is not None:
             return out
+        if x.numel() < tiers.compile_from(x.dtype) and not _WARMING_UP.get():
+            # a small-size band call that the route does not take (a layout, autograd): the eager
+            # tier, which beats Dynamo's ~20-40 us call path at these sizes
+            return _eager_tier(spec, eager, x, args, kwargs)
     if x.is_neg() or has_neg_bit(args):
         return spec(x, *args, **kwargs)
     fn = tiers.compiled(compiled_spec or spec)
@@ -231,6 +259,28 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
     if known is not None:
         mark_dynamic_ready(key)
     return out
+
+
+def _eager_tier(spec: Callable[..., Any], eager: Callable[..., Any] | None, x: torch.Tensor,
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The eager tier, as ``run_tiered`` runs it below the threshold (written out there: one frame
+    less on the decode path): ``eager`` where autograd does not record for ``x`` (None from it:
+    not covered), else the spec."""
+    if eager is not None and not _autograd_records(x):
+        out = eager(x, *args, **kwargs)
+        if out is not None:
+            return out
+    return spec(x, *args, **kwargs)
+
+
+def _standalone(tiers: CpuTiers, fam: standalone.Family, x: torch.Tensor, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+    """``fam``'s artifact for the call, or None where the route does not take it (as in
+    ``run_tiered``; for warm-up's second family)."""
+    ndim = x.dim()
+    if ndim == 1 or ndim == tiers.feature_dims + 1 > 2:
+        return standalone.run_tokens(fam, x, args, kwargs, _WARMING_UP.get())
+    return standalone.run(fam, x, args, kwargs, two_d_only=not tiers.rows)
 
 
 _DYNAMIC_READY = compile_cache._dynamic_ready  # (cleared in place by compile_cache.reset())

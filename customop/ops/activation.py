@@ -61,6 +61,7 @@ def _check_input(op: str, x: Any, *, gated: bool, dtypes: tuple[torch.dtype, ...
 # wrapper. Ops that are two or three eager kernels (silu_and_mul, relu2, ...) break even at about
 # 1M elements, once the data outgrows the caches; ops that are many (gelu_new: 8) win from ~16K;
 # xielu (12 kernels) and the sparse row statistics from 2K (1.2-1.4x at 1x2048, one thread).
+# (Measured through Dynamo; the standalone route moved several since: the constants below.)
 FEW_KERNELS_MIN_NUMEL = 1 << 21
 MANY_KERNELS_MIN_NUMEL = 1 << 14
 STATS_KERNELS_MIN_NUMEL = 1 << 11
@@ -79,6 +80,32 @@ NEVER_COMPILE = math.inf
 #: build artifacts that serve every width (BENCHMARKS.md, "the standalone route beyond the norms").
 GATED_FEW_KERNELS_FP32_MIN_NUMEL = 1 << 19
 GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL = 1 << 17
+
+
+#: gelu_new, gelu_fast (eight eager kernels): compiled from 16K elements as before, and below that
+#: too (the small-size band, every size), for one thread up to 8K elements (no OpenMP region: under
+#: load the threaded code and torch.compile's waited 10-30 ms a call where one thread took 20-50 us)
+#: and with the threads from 8K. Compiled beat the eager tier at every size measured (1x64-1x14336,
+#: bf16/fp16/fp32), which at 1-3 x 4096 and 1x14336 ran at 0.45-0.96x torch.compile in
+#: bf16/fp16; with the band 1.0-1.9x (2 threads, best of 9 rounds, before/after alternated;
+#: BENCHMARKS.md, "issue 18, CPU, one-thread bands"). One thread lost to two from ~12K (12K:
+#: 0.99-1.07x torch.compile), hence 8K.
+TANH_GELU_CPU_TIERS = CpuTiers(MANY_KERNELS_MIN_NUMEL, standalone=True, compiled_up_to=MANY_KERNELS_MIN_NUMEL - 1,
+                               one_thread_up_to=1 << 13)
+#: quick_gelu (three eager kernels), since the standalone route: compiled beats the eager tier from
+#: 32K elements (8x4096 bf16: 23 vs 35 us; fp32 19 vs 25), ties it at 8-16K and loses below
+#: (1x4096: 11-13 vs 8-11 us), 2 threads. The 2M threshold (set through Dynamo) left 16-256 x 4096
+#: at 0.79-0.97x torch.compile in bf16 (fp32 256x4096: 0.83x); from 32K now 1.13-1.71x. Below
+#: 32K eager is 1.3-3x torch.compile and, like ATen itself there, opens no OpenMP region.
+QUICK_GELU_MIN_NUMEL = 1 << 15
+#: relu2 (relu, square: two kernels), since the standalone route: compiled beats the eager tier from
+#: 64K elements in bf16 (64x4096: 28-32 vs 48-52 us; 16x4096 ties), from 512K in fp32 (256K ties,
+#: 229K eager wins) and from 4K in fp16, whose eager relu2 is slow (8x4096: 17 vs 103 us; bf16's
+#: eager 14). The 2M threshold left bf16 64-256 x 4096 at 0.73-0.96x torch.compile and fp16 at 0.16-0.88x
+#: from 2x4096; now 1.3-1.9x. 2 threads, best of 9 rounds, alternated runs (BENCHMARKS.md).
+RELU2_FP32_MIN_NUMEL = 1 << 19
+RELU2_BF16_MIN_NUMEL = 1 << 16
+RELU2_FP16_MIN_NUMEL = 1 << 12
 
 
 def _low_precision_from(fp32_and_fp64: int, bf16_and_fp16: int) -> CpuTiers:
@@ -377,7 +404,7 @@ class NewGELU(_Activation):
 
     math_fn = staticmethod(gelu_new)
     eager_fn = staticmethod(eager.gelu_new)
-    cpu_tiers = CpuTiers(MANY_KERNELS_MIN_NUMEL, standalone=True)
+    cpu_tiers = TANH_GELU_CPU_TIERS
 
 
 @CustomOp.register("gelu_fast")
@@ -386,7 +413,7 @@ class FastGELU(_Activation):
 
     math_fn = staticmethod(gelu_fast)
     eager_fn = staticmethod(eager.gelu_fast)
-    cpu_tiers = CpuTiers(MANY_KERNELS_MIN_NUMEL, standalone=True)
+    cpu_tiers = TANH_GELU_CPU_TIERS
 
 
 @CustomOp.register("quick_gelu")
@@ -395,6 +422,7 @@ class QuickGELU(_Activation):
 
     math_fn = staticmethod(quick_gelu)
     eager_fn = staticmethod(eager.quick_gelu)
+    cpu_tiers = CpuTiers(QUICK_GELU_MIN_NUMEL, standalone=True)
 
 
 @CustomOp.register("relu2")
@@ -404,6 +432,8 @@ class ReLUSquaredActivation(_Activation):
     math_fn = staticmethod(relu2)
     eager_fn = staticmethod(eager.relu2)
     compile_native_default = True
+    cpu_tiers = CpuTiers(RELU2_FP32_MIN_NUMEL, by_dtype={torch.bfloat16: RELU2_BF16_MIN_NUMEL,
+                                                         torch.float16: RELU2_FP16_MIN_NUMEL}, standalone=True)
 
 
 @CustomOp.register("xielu")

@@ -227,6 +227,41 @@ def test_situ_small_size_band_compiles_before_the_first_request(monkeypatch):
     assert compiled_calls == [1, 4]  # 8 rows: the eager tier
 
 
+@pytest.mark.parametrize("name", ["gelu_new", "gelu_fast", "per-token quant"])
+def test_one_thread_bands_compile_before_the_first_request(monkeypatch, name):
+    """gelu_new and gelu_fast run compiled below their 16K threshold too (``compiled_up_to``),
+    compiled for one thread up to 8K elements (``one_thread_up_to``); QuantFP8 below its 64K
+    threshold, for one thread below 32K. Warm-up builds both thread counts' artifacts, one-token ones
+    included, so no request compiles: small ones take the one-thread artifacts, the rest the
+    threaded ones (one row too), each matching the spec."""
+    op = (enabled(A.NewGELU) if name == "gelu_new" else enabled(A.FastGELU) if name == "gelu_fast"
+          else enabled(QuantFP8, False, GroupShape.PER_TOKEN))
+    rows = customop.warmup([op], dtypes=(torch.bfloat16,))
+    assert all(r.outcome == "ran" for r in rows)
+    before = graphs()
+    taken = []
+    real_run = standalone.run
+
+    def recording_run(fam, x, *args, **kwargs):
+        taken.append((tuple(x.shape), fam.options.get("cpp.threads", "threads")))
+        return real_run(fam, x, *args, **kwargs)
+
+    monkeypatch.setattr(standalone, "run", recording_run)
+    shapes = ((1, 4096), (2, 4096), (3, 4096), (1, 40000), (1, 65536), (16, 4096), (600, 4096))
+    with torch.no_grad():
+        for shape in shapes:
+            x = torch.randn(*shape).to(torch.bfloat16)
+            got, want = op(x), op.forward_native(x)
+            if name == "per-token quant":
+                assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got[1], want[1])
+            else:
+                assert_close(got, want, torch.bfloat16)
+            assert graphs() == before, shape
+    one_thread = op.cpu_tiers.one_thread_up_to
+    assert one_thread == (1 << 13 if name != "per-token quant" else (1 << 15) - 1)
+    assert taken == [(s, 1 if s[0] * s[1] <= one_thread else "threads") for s in shapes]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_warmup_apply_rotary_from_its_attention_module(monkeypatch, dtype):

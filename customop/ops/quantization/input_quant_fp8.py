@@ -5,8 +5,9 @@ Paths:
 
 - ``forward_native``: ``quant_fp8`` below, the spec (``compile_native=True`` by default, as in
   vLLM: a disabled QuantFP8 runs compiled native).
-- ``forward_cpu``: compiled native from ``QUANT_CPU_TIERS`` elements, eager below, with
-  the in-place steps of ``backends/cpu/eager.py`` (benchmarks/results/cpu_quant.md,
+- ``forward_cpu``: compiled native from ``QUANT_CPU_TIERS`` elements; below, the same code
+  compiled for one thread (up to 32K elements) where the standalone route takes the call, else
+  eager with the in-place steps of ``backends/cpu/eager.py`` (benchmarks/results/cpu_quant.md,
   cpu_decode_paths.md).
 - ``forward_cuda`` / ``forward_xpu`` / ``forward_tpu``: the ``torch.ops.customop`` kernel entry points
   (``customop/ops/_library/quant.py``) on a ``[T, H]`` contiguous view. Shapes without an entry
@@ -17,6 +18,7 @@ Paths:
 
 from __future__ import annotations
 
+import dataclasses
 from math import prod
 from typing import Any
 
@@ -41,7 +43,27 @@ from customop.ops.quantization.group_shape import GroupShape
 #: stayed (benchmarks/results/cpu_quant.md, 2026-12-02). Its artifacts are dynamic in the width
 #: (``dynamic_hidden``, per group traced as group size x a symbol), so ``customop.warmup``'s
 #: width-256 inputs cover every width; one per width was what kept the route off before.
-QUANT_CPU_TIERS = CpuTiers(1 << 16, rows=False, standalone=True)
+#: Issue 18, a small-size band below the threshold (``compiled_up_to``: every size) with artifacts
+#: compiled for one thread up to 32K elements (``one_thread_up_to``: Inductor's ``cpp.threads=1``,
+#: no OpenMP region; ATen's own kernels stay in one thread there too) and with the threads from 32K
+#: to 64K. With both cores busy (two spinning processes) the threaded artifact and torch.compile
+#: waited 10-20 ms a call at 4x4096 while the one-thread artifact took 72 us (eager 206 us); on a
+#: quieter machine it beats them both: per token 17-25 vs 26-38 us (compile) at 1-4 x 4096. The
+#: eager tier ran at 0.83-0.96x torch.compile per token and 0.89-0.97x per group 128 at 1x128 to
+#: 12x4096; with the band 1.07-2.2x (2 threads, alternated runs; BENCHMARKS.md, "issue 18, CPU,
+#: one-thread bands"). Modes the route refuses (a static scale, padding, aligned scales) keep
+#: the eager tier below 64K without asking it (``_route_takes_it``).
+QUANT_CPU_TIERS = CpuTiers(1 << 16, rows=False, standalone=True, compiled_up_to=(1 << 16) - 1,
+                           one_thread_up_to=(1 << 15) - 1)
+#: id(tiers) -> (tiers, the same without the small-size band), for the modes the route refuses
+_WITHOUT_BAND: dict[int, tuple[CpuTiers, CpuTiers]] = {}
+
+
+def _without_band(tiers: CpuTiers) -> CpuTiers:
+    hit = _WITHOUT_BAND.get(id(tiers))
+    if hit is None or hit[0] is not tiers:
+        hit = _WITHOUT_BAND[id(tiers)] = (tiers, dataclasses.replace(tiers, compiled_up_to=0))
+    return hit[1]
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -162,6 +184,11 @@ class QuantFP8(CustomOp):
         self.fp8_dtype = current_fp8_dtype()
         self.fp8_max = fp8_max(self.fp8_dtype)
         self.min_scale = fp8_min_scale(self.fp8_dtype)
+        # the standalone route refuses the graphs of a static scale (returned as given: the caller's
+        # tensor), of padding to a token count and of aligned scales (both constrain the rows):
+        # those calls skip the small-size band, whose eager fallback would first pay the route's
+        # ~5 us refusal (static per tensor at 1x4096: 22 vs 16 us a call)
+        self._route_takes_it = not static and num_token_padding is None and not tma_aligned_scales
         self._math: dict[str, Any] = dict(
             group_shape=group_shape, num_token_padding=num_token_padding, column_major_scales=column_major_scales,
             tma_aligned_scales=tma_aligned_scales, use_ue8m0=use_ue8m0, fp8_dtype=self.fp8_dtype,
@@ -186,8 +213,10 @@ class QuantFP8(CustomOp):
     def forward_cpu(self, x: torch.Tensor, scale: torch.Tensor | None = None,
                     scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         self._check_call(x, scale, scale_ub)
-        return run_tiered(self.cpu_tiers, quant_fp8, x, scale, scale_ub, eager=_quant_fp8_in_place_steps,
-                          **self._math)
+        tiers = self.cpu_tiers
+        if tiers.compiled_up_to and not self._route_takes_it:
+            tiers = _without_band(tiers)
+        return run_tiered(tiers, quant_fp8, x, scale, scale_ub, eager=_quant_fp8_in_place_steps, **self._math)
 
     def forward_cuda(self, x: torch.Tensor, scale: torch.Tensor | None = None,
                      scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
