@@ -402,3 +402,20 @@ def test_streaming_tile_only_for_the_measured_gated_ops(label, streaming, comput
     got, want = run_launcher(case, x)
     assert asked == [(streaming, compute_bound)]
     assert_close(got, want, torch.float32)
+
+
+def test_situ_tile_class_follows_its_tanh():
+    """situ_and_mul with the hardware tanh (bf16 on NVIDIA) is a streaming op with the width
+    compiled in; with libdevice's tanh it keeps the compute-bound tile; silu is unchanged."""
+    kernel = act._and_mul_kernel
+    assert act._tile_class(kernel, {"ACT": act.SITU.value, "FAST_TANH": True}) == \
+        {"streaming_class": True, "const_width": True}
+    assert act._tile_class(kernel, {"ACT": act.SITU_LINEAR.value, "FAST_TANH": False}) == \
+        {"streaming_class": False, "compute_bound": True}
+    assert act._tile_class(kernel, {"ACT": act.SILU.value}) == {"streaming_class": True}
+    fast = _tuning._tile_config("cuda", 132, 4096, 14336, streaming_class=True, const_width=True)
+    assert fast.const_width and not fast.evict
+    assert not _tuning._tile_config("cuda", 132, 16, 14336, streaming_class=True, const_width=True).const_width
+    # the hardware tanh is NVIDIA's and bf16-only
+    assert not act._fast_tanh(torch.zeros(2, dtype=torch.bfloat16))
+    assert not act._fast_tanh(torch.zeros(2, dtype=torch.float16, device="meta"))

@@ -73,6 +73,26 @@ def test_fused_add_on_strided_views_leaves_padding_alone(gemma):
     assert xbuf[:, hidden:].isnan().all() and rbuf[:, :pad].isnan().all()
 
 
+@pytest.mark.parametrize("launcher,ref_kind", [(norm.fused_add_rms_norm, "llama"),
+                                               (norm.gemma_fused_add_rms_norm, "gemma"),
+                                               (norm.fused_add_nemotron_layer_norm, "nemotron")])
+def test_fused_add_into_other_buffers(launcher, ref_kind, poison_empty):
+    """``out`` / ``residual_out`` (the benchmark's fresh-output form): the same results written
+    into NaN-poisoned buffers, x and residual left as they were."""
+    x, r = _x((7, 100), torch.float32, 2.0), _x((7, 100), torch.float32, 2.0)
+    w, b = _x((100,), torch.float32, 0.5, 1.0), _x((100,), torch.float32, 0.5)
+    x0, r0 = x.clone(), r.clone()
+    out, res_out = torch.full_like(x, float("nan")), torch.full_like(r, float("nan"))
+    if ref_kind == "nemotron":
+        launcher(x, r, w, b, EPS, out=out, residual_out=res_out)
+        want = ref_fused_add_nemotron(x0, r0, w, b, EPS)
+    else:
+        launcher(x, r, w, EPS, out=out, residual_out=res_out)
+        want = ref_fused_add(x0, r0, w, EPS, ref_kind == "gemma")
+    assert_close((out, res_out), want, torch.float32)
+    assert torch.equal(x, x0) and torch.equal(r, r0)
+
+
 def test_non_row_viewable_inputs_fall_back_to_copies(poison_empty):
     """A transposed x has no [rows, hidden] view with unit stride: computed on a copy, written
     back in place."""
@@ -244,6 +264,12 @@ def test_rms_size_classes_and_sweep_filters():
     assert _tuning._rms_config("cuda", 132, 32768, 5120, True) == _tuning.RowConfig(1, 4096, 16, False)
     assert _tuning._rms_config("cuda", 132, 8192, 4096).single_tile  # mid sizes keep the single tile
     assert _tuning._rms_config("cuda", 132, 32768, 2048).single_tile  # narrower rows: not measured
+    # from 2048 rows: 8192+ lanes, and 4096+ lanes with a residual (RMS_LOOPED's min_rows by width)
+    assert _tuning._rms_config("cuda", 132, 4096, 8192) == _tuning.RowConfig(1, 4096, 16, False)
+    assert _tuning._rms_config("cuda", 132, 4096, 4096, True) == _tuning.RowConfig(1, 4096, 16, False)
+    assert _tuning._rms_config("cuda", 132, 4096, 4096).single_tile
+    assert _tuning._rms_config("cuda", 132, 2048, 8192).single_tile
+    assert _tuning._rms_config("cuda", 132, 4096, 2048, True).single_tile
     # RMS_VARIANTS: the layer norms never loop and take two rows per program above decode sizes;
     # the fused gated norms take 16 warps at decode sizes of 4096 lanes and loop from 2048 rows
     # of 8192 lanes, in 2048-lane chunks (4096 with a residual)
