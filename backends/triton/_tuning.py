@@ -230,9 +230,10 @@ TILE_TABLE: dict[str, dict[str, int]] = {
 #: gelu tanh 1.37 -> 1.32 / 1.61 -> 1.55 (1.38 / 1.64), fatrelu 1.26 -> 1.27 / 1.46 -> 1.44
 #: (1.28 / 1.39); quick_gelu 1 / 16 x 8192 1.30 -> 1.24 / 1.40 -> 1.34 (1.25 / 1.41). At 256
 #: tokens the small tiles lost (gelu tanh 7.55 against 6.43 us): the class stops at two programs per SM.
-#: ``compute_elems_per_warp``: situ_and_mul (two tanh and a sigmoid per element, bound by the
-#: special-function units) beyond the small grids: 1024-element tiles at 4 warps, Inductor's
-#: pointwise shape. H200 sweep 2026-12-02, bf16, x 2 x 14336, libdevice tanh, 2 warps -> 4
+#: ``compute_elems_per_warp``: situ_and_mul on libdevice's tanh (fp16 / fp32 outputs: two tanh and
+#: a sigmoid per element, bound by the special-function units; bf16 takes the hardware tanh and the
+#: streaming tile, tile_config's ``const_width``) beyond the small grids: 1024-element tiles at 4
+#: warps, Inductor's pointwise shape. H200 sweep 2026-12-02, bf16, x 2 x 14336, libdevice tanh, 2 warps -> 4
 #: (compile): 256 tokens 10.58 -> 9.06 us (9.08), 4096 126.2 -> 118.5 (104.6), 32768 985.6 ->
 #: 933.2 (846.0); 16 and 32 elements per thread were slower (126-177 us at 4096).
 #: per-token-group quant: elements per program (whole groups of one row), per thread, and the
