@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from customop.backends.cpu import compile_cache, standalone
+from customop.backends.cpu import compile_cache, native, standalone
 from customop.backends.cpu.compile_cache import EMULATE_CASTS, compiled, dynamic_ready, mark_dynamic_ready
 from customop.backends.cpu.exact_rounding import EXACT_ROUNDING_OPTIONS, compiled_form
 
@@ -56,6 +57,10 @@ class CpuTiers:
             tensor arguments and otherwise fixed-shape ones (rotary's positions, query, key and
             cos/sin cache: ``standalone.run_tokens``), or an x of one token dim and ``feature_dims``
             of 2+ (ApplyRotaryEmb's ``[S, heads, D]`` with cos/sin ``[S, rot/2]``: the same).
+        native_from: inputs of at least this many elements try the spec's hand-written kernel
+            (``backends/cpu/native``: RMSNorm's bf16/fp16 roundings in hardware) before the eager
+            and compiled tiers; a call the kernel does not take (dtype, layout, CPU features,
+            autograd) takes those as before.
     """
 
     min_numel: float
@@ -75,6 +80,7 @@ class CpuTiers:
     feature_dims: int = 1
     emulate_casts: bool = False
     standalone: bool = False
+    native_from: float = math.inf
     #: fn -> (what ``compiled`` gave for it, the generation and the two resolvers it came from): the
     #: compile cache's key is a dict of options made into a frozenset, ~1 us a call to rebuild
     _fns: dict[Callable[..., Any], tuple[Any, ...]] = dataclasses.field(
@@ -95,8 +101,9 @@ class CpuTiers:
 
     def compiling_from(self, numel: float) -> CpuTiers:
         """A copy that compiles from ``numel`` elements whatever the dtype, and only from there
-        (no small-size band, no one-thread artifacts; tests, experiments)."""
-        return dataclasses.replace(self, min_numel=numel, by_dtype={}, compiled_up_to=0, one_thread_up_to=0)
+        (no small-size band, no one-thread artifacts, no native kernel; tests, experiments)."""
+        return dataclasses.replace(self, min_numel=numel, by_dtype={}, compiled_up_to=0, one_thread_up_to=0,
+                                   native_from=math.inf)
 
     def compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         hit = self._fns.get(fn)
@@ -195,6 +202,8 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
     """``spec(x, *args, **kwargs)`` on the CPU, by the cheapest route for ``x``'s size.
 
     - inside a caller's ``torch.compile``: ``spec`` itself (the caller's Inductor fuses it);
+    - from ``tiers.native_from`` elements: ``spec``'s hand-written kernel where it takes the call
+      (``backends/cpu/native``), else the tiers below;
     - below ``tiers.compile_from(x.dtype)`` elements and above ``tiers.compiled_up_to``:
       ``eager(x, *args)`` (the spec's operations with fewer temporaries; ``None`` from it means
       "not covered, use the spec") while autograd is not recording for ``x`` (its in-place steps
@@ -211,8 +220,16 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
     """
     if _is_compiling():
         return spec(x, *args, **kwargs)
+    numel = x.numel()
+    if numel >= tiers.native_from:
+        kernel = native.kernel_for(spec)
+        out = None if kernel is None else kernel(x, *args, **kwargs)
+        if out is not None:
+            return out
+    elif tiers.native_from < math.inf and _WARMING_UP.get():
+        native.prepare(spec)  # built and loaded now rather than on the first large request
     # the size test inline first: compiled-size calls (the hot path) skip _below_threshold's frame
-    if x.numel() < tiers.compile_from(x.dtype) and _below_threshold(tiers, x):
+    if numel < tiers.compile_from(x.dtype) and _below_threshold(tiers, x):
         if eager is not None and not _autograd_records(x):
             out = eager(x, *args, **kwargs)
             if out is not None:

@@ -105,9 +105,18 @@ _NORM_THRESHOLDS = dict(min_numel=4096, by_dtype={torch.float32: 32768}, dynamic
 #: that moves fp32's break-even against ATen's fused kernel from 8 to 4 rows of 4096 (4 rows: 26.0
 #: vs 26.6-27.6 us, 6 rows: 25.3-26.6 vs 28.6-28.9, 2 threads; one thread alike; 1-2 rows eager
 #: still wins: docs/cpu.md, issue 18).
+#: ``native_from=1``: bf16/fp16 calls of every size run the hand-written kernel
+#: (backends/cpu/native/rms_norm.c: the roundings in hardware) where the CPU and a C compiler allow:
+#: faster than the eager and compiled tiers from 1x64 up, 1.1-1.8x torch.compile of the spec (p5)
+#: at 1-1024 rows of 4096 and at 2048x8192; at 2048x4096 1.10-1.14x in medians (docs/cpu.md, "A
+#: hand-written kernel for RMSNorm"). fp32, and the calls it does not take, tier as before.
 RMS_NORM_CPU_TIERS = CpuTiers(min_numel=4096, by_dtype={torch.float32: 16384}, dynamic_hidden=False,
-                              emulate_casts=True, standalone=True)
+                              emulate_casts=True, standalone=True, native_from=1)
 NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS)
+#: Gemma's RMSNorm: the same hand-written kernel (its one rounding, at the end, in hardware) for
+#: bf16/fp16 at every size: 1.1-1.6x torch.compile of the spec at 1-2048 rows of 4096, where the
+#: compiled tier ran at 0.73-0.87x (docs/cpu.md)
+GEMMA_RMS_NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, native_from=1)
 
 
 def _autograd_records(*tensors: torch.Tensor | None) -> bool:
@@ -200,7 +209,7 @@ class GemmaRMSNorm(CustomOp):
     write into ``x`` and ``residual``, the native and CPU paths return new tensors; **callers must
     use the returned tensors**."""
 
-    cpu_tiers = NORM_CPU_TIERS
+    cpu_tiers = GEMMA_RMS_NORM_CPU_TIERS
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
