@@ -47,11 +47,11 @@ from customop.ops.quantization.group_shape import GroupShape
 #: compiled for one thread up to 32K elements (``one_thread_up_to``: Inductor's ``cpp.threads=1``,
 #: no OpenMP region; ATen's own kernels stay in one thread there too) and with the threads from 32K
 #: to 64K. With both cores busy (two spinning processes) the threaded artifact and torch.compile
-#: waited 10-20 ms a call at 4x4096 while the one-thread artifact took 72 us (eager 206 us); on a
-#: quieter machine it beats them both: per token 17-25 vs 26-38 us (compile) at 1-4 x 4096. The
-#: eager tier ran at 0.83-0.96x torch.compile per token and 0.89-0.97x per group 128 at 1x128 to
-#: 12x4096; with the band 1.07-2.2x (2 threads, alternated runs; BENCHMARKS.md, "issue 18, CPU,
-#: one-thread bands"). Modes the route refuses (a static scale, padding, aligned scales) keep
+#: waited 10-20 ms a call at 4x4096 while the one-thread artifact took 72 us (eager 206 us). On a
+#: quieter machine forward_cpu took 14-31 us against torch.compile's 20-36 per token from 1x128 to
+#: 12x4096, where the eager tier ran at 0.49-1.15x torch.compile (0.49-0.62x at 8-12 x 4096); now
+#: 1.10-1.73x; per group 128 (a slower compile) 1.16-3.99x -> 1.58-7.41x (2 threads, alternated
+#: runs; BENCHMARKS.md, "issue 18, CPU, one-thread bands"). Modes the route refuses (a static scale, padding, aligned scales) keep
 #: the eager tier below 64K without asking it (``_route_takes_it``).
 QUANT_CPU_TIERS = CpuTiers(1 << 16, rows=False, standalone=True, compiled_up_to=(1 << 16) - 1,
                            one_thread_up_to=(1 << 15) - 1)
