@@ -133,7 +133,7 @@ def rel_pos_attention(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch
 def rel_pos_attention_blocked(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None,
                               proj_weight: torch.Tensor, proj_bias: torch.Tensor | None, num_heads: int,
                               rel_pos_h: torch.Tensor | None = None, rel_pos_w: torch.Tensor | None = None,
-                              block: int = 1 << 22) -> torch.Tensor:
+                              block: int = 1 << 22, narrow_add_below: int = 0) -> torch.Tensor:
     """``rel_pos_attention``'s arithmetic (every value the spec computes, computed the same way),
     with the bias built contiguous and in blocks of at most ``block`` entries, one SDPA per block.
 
@@ -145,7 +145,13 @@ def rel_pos_attention_blocked(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bia
     own slice of the bias, built right before its SDPA call reads it. Query rows are independent
     in attention, so blocking changes no formula: one block is bitwise the spec; several may round
     differently in the last bit where SDPA's kernel blocks a shorter query run differently (seen
-    at fp32/fp16 toy sizes; bitwise at the SAM shapes of benchmarks/results/cpu_rel_pos.md)."""
+    at fp32/fp16 toy sizes; bitwise at the SAM shapes of benchmarks/results/cpu_rel_pos.md).
+
+    ``narrow_add_below``: for grids narrower than this, each block's bias is added with the query
+    positions innermost (the terms transposed, the sum transposed back into the same contiguous
+    layout): the same additions, bitwise, where the plain broadcast add's innermost dim is the
+    grid width, which ATen's CPU loop runs ``W`` elements at a time (13 ms for the
+    25 x 12 x 196 x 196 bf16 bias of SAM's 14 x 14 windows, against 5.5 ms this way)."""
     batch, height, width, _ = x.shape
     tokens = height * width
     qkv = F.linear(x, qkv_weight, qkv_bias).reshape(batch, tokens, 3, num_heads, -1).permute(2, 0, 3, 1, 4)
@@ -166,8 +172,15 @@ def rel_pos_attention_blocked(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bia
             for h in range(0, num_heads, heads):
                 for r in range(0, height, rows):
                     i, j, s = slice(b, b + images), slice(h, h + heads), slice(r * width, (r + rows) * width)
-                    bias = rel_h[i, j, r:r + rows, :, :, None] + rel_w[i, j, r:r + rows, :, None, :]
-                    bias = bias.reshape(*bias.shape[:2], -1, tokens)  # a view: the add's output is contiguous
+                    if width < narrow_add_below:
+                        # [.., kh, queries] + [.., kw, queries]: the add's inner loop runs over the queries
+                        th = rel_h[i, j, r:r + rows].flatten(2, 3).transpose(-1, -2).contiguous()
+                        tw = rel_w[i, j, r:r + rows].flatten(2, 3).transpose(-1, -2).contiguous()
+                        bias = (th[..., :, None, :] + tw[..., None, :, :]).flatten(2, 3).transpose(-1, -2)
+                        bias = bias.contiguous()  # [.., queries, keys], as below
+                    else:
+                        bias = rel_h[i, j, r:r + rows, :, :, None] + rel_w[i, j, r:r + rows, :, None, :]
+                        bias = bias.reshape(*bias.shape[:2], -1, tokens)  # a view: the add's output is contiguous
                     out[i, j, s] = F.scaled_dot_product_attention(q[i, j, s], k[i, j], v[i, j], attn_mask=bias)
     out = out.view(batch, num_heads, height, width, -1).permute(0, 2, 3, 1, 4).reshape(batch, height, width, -1)
     return F.linear(out, proj_weight, proj_bias)

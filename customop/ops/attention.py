@@ -239,6 +239,16 @@ class RelPosAttention(CustomOp):
     #: bias entries per SDPA call of ``forward_kernel`` by device type; others build it in one block.
     #: cpu: measured, benchmarks/results/cpu_rel_pos.md (blocks of 1M-4M entries tied as the best).
     bias_block: dict[str, int] = {"cpu": 1 << 22}
+    #: forward_cpu builds a bf16/fp16 bias with the queries innermost for grids narrower than this
+    #: (``rel_pos_attention_blocked``'s ``narrow_add_below``): ATen's broadcast add over the grid
+    #: width's 14 elements took 13 of the 46 ms of 25 x 14 x 14 bf16 (12 heads of 64), which
+    #: Inductor's fused add does in ~1 ms. p5 over 0.3 s, 2 threads, three runs (the former form:
+    #: the benchmark's "block 2^22" column, 2026-12-02): bf16 25x14x14 39.1-40.4 ms against
+    #: torch.compile's 42.0-42.9 and the former 46.4-46.5; 1x14x14 2.0 vs 2.1-2.2 (former 2.3);
+    #: 1x24x24 6.7-7.9 vs 7.9-8.4 (former 7.3-8.4); fp16 25x14x14 112.8 vs 114.2 (former 122.8),
+    #: 1x24x24 19.0 vs 19.2 (former 21.9). fp32 ran slower this way (25x14x14 115 vs 107 ms), so it
+    #: keeps the plain add; grids of 32 and wider were not measured with it.
+    narrow_add_below: int = 32
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, use_rel_pos: bool = False,
                  use_triton_attention: bool = False, rel_pos_zero_init: bool = True,
@@ -278,20 +288,24 @@ class RelPosAttention(CustomOp):
                                  self.rel_pos_h, self.rel_pos_w)
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_kernel(x)
+        return self.forward_kernel(x, narrow_add_below=self.narrow_add_below)
 
     def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_kernel(x)
 
     forward_xpu = forward_tpu = forward_cuda
 
-    def forward_kernel(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_kernel(self, x: torch.Tensor, narrow_add_below: int = 0) -> torch.Tensor:
         """What every platform's forward shares: the checks, then the blocked form (plain torch:
-        it runs on any device, and autograd records through it)."""
+        it runs on any device, and autograd records through it). ``narrow_add_below``: see
+        ``narrow_add_below`` (bf16 and fp16 only; fp32 ran slower that way)."""
         self.check_input(x)
+        if x.dtype not in (torch.bfloat16, torch.float16):
+            narrow_add_below = 0
         block = self.bias_block.get(x.device.type, x.shape[0] * self.num_heads * (x.shape[1] * x.shape[2]) ** 2)
         return rel_pos_attention_blocked(x, self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias,
-                                         self.num_heads, self.rel_pos_h, self.rel_pos_w, block=block)
+                                         self.num_heads, self.rel_pos_h, self.rel_pos_w, block=block,
+                                         narrow_add_below=narrow_add_below)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, use_rel_pos={self.use_rel_pos}"

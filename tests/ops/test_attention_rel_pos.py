@@ -64,6 +64,22 @@ def test_blocked_kernel_matches_float64_reference(label, shape, level, dtype, mo
         assert_close(got, ref_rel_pos_attention(op, x), dtype, what=f"{label} {path} {level}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("label,shape,level", BLOCKED)
+def test_narrow_grid_bias_add_is_bitwise_the_plain_one(label, shape, level, dtype, monkeypatch):
+    """forward_cpu builds a narrow grid's bf16/fp16 bias with the queries innermost
+    (``narrow_add_below``): the same additions, so bitwise the plain blocked form at every level."""
+    case = CASE[label]
+    with use_config(Config(custom_ops=["all"])):
+        op = case.build(dtype, generator=GEN())
+    monkeypatch.setitem(RelPosAttention.bias_block, "cpu", _blocks(shape, op.num_heads)[level])
+    assert shape[2] < RelPosAttention.narrow_add_below
+    x = randn(*shape, dtype=dtype, generator=GEN(1))
+    plain, narrow = op.forward_kernel(x), op.forward_kernel(x, narrow_add_below=shape[2] + 1)
+    assert torch.equal(plain, narrow)
+    assert torch.equal(op.forward_cpu(x), narrow if dtype in (torch.bfloat16, torch.float16) else plain)
+
+
 def test_blocked_kernel_records_autograd(monkeypatch):
     case = CASE["rel_pos interpolated"]
     op = case.build(torch.float32, generator=GEN()).requires_grad_(True)
