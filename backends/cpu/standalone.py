@@ -124,7 +124,7 @@ _autocast = _C._is_any_autocast_enabled  # any device: stricter than CPU's alone
 _grad = torch.is_grad_enabled
 
 
-def _intercepted() -> bool:
+def intercepted() -> bool:
     """Whether a torch-dispatch or torch-function mode, a functorch transform, the JIT tracer or
     autocast (any device) is active: each would see or change the spec's operations, which the
     artifact would bypass."""
@@ -141,7 +141,7 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
     shape = x.shape
     # no mode, transform, tracer or autocast that the artifact would bypass; 1-D x (one token) is
     # left to Dynamo: its weight would look like a row tensor
-    if type(x) not in _PLAIN or len(shape) < 2 or (two_d_only and len(shape) != 2) or _intercepted():
+    if type(x) not in _PLAIN or len(shape) < 2 or (two_d_only and len(shape) != 2) or intercepted():
         return None
     grad = _grad()
     if not x.is_cpu or not x.is_contiguous() or x.is_neg() or (grad and x.requires_grad):
@@ -217,7 +217,7 @@ def run_tokens(fam: Family, tokens: torch.Tensor, args: tuple[Any, ...],
     whose length happens to equal ``T`` gets an artifact of its own. At least one ``[T, ...]``
     argument is required (else: None). Non-tensor arguments as in ``run``. One artifact serves
     every ``T`` of two or more, one more ``T == 1``."""
-    if type(tokens) not in _PLAIN or tokens.dim() == 2 or _intercepted():
+    if type(tokens) not in _PLAIN or tokens.dim() == 2 or intercepted():
         return None
     grad = _grad()
     shape = tokens.shape

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from customop.backends.cpu.native import loader
-from customop.backends.cpu.standalone import _intercepted
+from customop.backends.cpu.standalone import intercepted
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # exact types: a subclass keeps its type through the spec
 #: x, x's row stride, residual, its row stride, weight, weight is fp32, Gemma's 1 + w, out, new
@@ -88,7 +88,7 @@ def _call(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor |
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (residual is not None and residual.requires_grad)):
         return None  # the kernel's outputs have no backward
-    if _intercepted():
+    if intercepted():
         return None
     out = _empty(x.shape, dtype=x.dtype)
     r_out = None if residual is None else _empty(x.shape, dtype=x.dtype)
