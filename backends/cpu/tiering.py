@@ -237,23 +237,15 @@ def run_tiered(tiers: CpuTiers, spec: Callable[..., Any], x: torch.Tensor, *args
         return spec(x, *args, **kwargs)
     if tiers.standalone and prepare is None:
         # Inductor's code without Dynamo's call path; None: a guard failed, Dynamo's path below
-        # (the eager tier for a small-size band call). Without ``rows`` the outputs need not
-        # follow x's leading dims: 2-D x only. A 1-D x is a token tensor (rotary's positions)
-        # with [T, ...] arguments, and so is an x of one token dim and 2+ feature dims
-        # (ApplyRotaryEmb's [S, heads, head_size]): ``run_tokens`` (warm-up keeps row-strided
-        # arguments strided: it builds the artifact large calls use)
-        one_thread = x.numel() <= tiers.one_thread_up_to
-        fam = tiers.standalone_family(compiled_spec or spec, one_thread)
-        ndim = x.dim()
-        out = (standalone.run_tokens(fam, x, args, kwargs, _WARMING_UP.get())
-               if ndim == 1 or ndim == tiers.feature_dims + 1 > 2
-               else standalone.run(fam, x, args, kwargs, two_d_only=not tiers.rows))
+        # (the eager tier for a small-size band call)
+        one_thread = numel <= tiers.one_thread_up_to
+        out = _standalone(tiers, tiers.standalone_family(compiled_spec or spec, one_thread), x, args, kwargs)
         if tiers.one_thread_up_to and _WARMING_UP.get():
             # warm-up's small inputs stand for large requests too: both thread counts' artifacts
             _standalone(tiers, tiers.standalone_family(compiled_spec or spec, not one_thread), x, args, kwargs)
         if out is not None:
             return out
-        if x.numel() < tiers.compile_from(x.dtype) and not _WARMING_UP.get():
+        if numel < tiers.compile_from(x.dtype) and not _WARMING_UP.get():
             # a small-size band call that the route does not take (a layout, autograd): the eager
             # tier, which beats Dynamo's ~20-40 us call path at these sizes
             return _eager_tier(spec, eager, x, args, kwargs)
@@ -292,8 +284,11 @@ def _eager_tier(spec: Callable[..., Any], eager: Callable[..., Any] | None, x: t
 
 def _standalone(tiers: CpuTiers, fam: standalone.Family, x: torch.Tensor, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> Any:
-    """``fam``'s artifact for the call, or None where the route does not take it (as in
-    ``run_tiered``; for warm-up's second family)."""
+    """``fam``'s artifact for the call, or None where the route does not take it. Without
+    ``rows`` the outputs need not follow x's leading dims: 2-D x only. A 1-D x is a token tensor
+    (rotary's positions) with [T, ...] arguments, and so is an x of one token dim and 2+ feature
+    dims (ApplyRotaryEmb's [S, heads, head_size]): ``run_tokens`` (warm-up keeps row-strided
+    arguments strided: it builds the artifact large calls use)."""
     ndim = x.dim()
     if ndim == 1 or ndim == tiers.feature_dims + 1 > 2:
         return standalone.run_tokens(fam, x, args, kwargs, _WARMING_UP.get())
