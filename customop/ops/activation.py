@@ -88,7 +88,7 @@ GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL = 1 << 17
 #: and with the threads from 8K. Compiled beat the eager tier at every size measured (1x64-1x14336,
 #: bf16/fp16/fp32), which at 1-3 x 4096 and 1x14336 ran at 0.45-0.96x torch.compile in
 #: bf16/fp16; with the band 1.0-1.9x (2 threads, best of 9 rounds, before/after alternated;
-#: BENCHMARKS.md, "issue 18, CPU, one-thread bands"). One thread lost to two from ~12K (12K:
+#: BENCHMARKS.md, "issue 18, CPU, seventh day"). One thread lost to two from ~12K (12K:
 #: 0.99-1.07x torch.compile), hence 8K.
 TANH_GELU_CPU_TIERS = CpuTiers(MANY_KERNELS_MIN_NUMEL, standalone=True, compiled_up_to=MANY_KERNELS_MIN_NUMEL - 1,
                                one_thread_up_to=1 << 13)

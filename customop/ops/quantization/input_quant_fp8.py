@@ -51,7 +51,7 @@ from customop.ops.quantization.group_shape import GroupShape
 #: quieter machine forward_cpu took 14-31 us against torch.compile's 20-36 per token from 1x128 to
 #: 12x4096, where the eager tier ran at 0.49-1.15x torch.compile (0.49-0.62x at 8-12 x 4096); now
 #: 1.10-1.73x; per group 128 (a slower compile) 1.16-3.99x -> 1.58-7.41x (2 threads, alternated
-#: runs; BENCHMARKS.md, "issue 18, CPU, one-thread bands"). Modes the route refuses (a static scale, padding, aligned scales) keep
+#: runs; BENCHMARKS.md, "issue 18, CPU, seventh day"). Modes the route refuses (a static scale, padding, aligned scales) keep
 #: the eager tier below 64K without asking it (``_route_takes_it``).
 QUANT_CPU_TIERS = CpuTiers(1 << 16, rows=False, standalone=True, compiled_up_to=(1 << 16) - 1,
                            one_thread_up_to=(1 << 15) - 1)
