@@ -99,7 +99,7 @@ def _and_mul_kernel(
 ):
     # param: fatrelu's threshold, swiglustep's and silu_and_mul_with_clamp's limit, situ's beta;
     # param2: silu_and_mul_with_clamp's alpha, situ's 1 / beta; param3: silu_and_mul_with_clamp's
-    # beta, situ's linear_beta; param4: situ's 1 / linear_beta (the reciprocals: _situ_params)
+    # beta, situ's linear_beta; param4: situ's 1 / linear_beta (the reciprocals: _fp32_reciprocal)
     # tiles of the [n_rows, d] output, row-major (column block fastest): the programs in flight
     # read one contiguous stretch of x and write one of out, as a flat copy does. EVEN: the tile
     # divides the output (no bounds checks); INT64: 64-bit offsets (the host picks 32-bit when
