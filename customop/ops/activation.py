@@ -133,6 +133,9 @@ class _Activation(CustomOp):
     #: forward_cpu below its compile threshold: math_fn's operations with in-place temporaries,
     #: bitwise equal to it (backends/cpu/eager.py); None: math_fn itself
     eager_fn: ClassVar[Callable[..., torch.Tensor] | None] = None
+    #: what forward_cpu's compiled tier compiles (the same math in a form Inductor's width-dynamic
+    #: code runs faster); None: math_fn itself
+    compiled_fn: ClassVar[Callable[..., torch.Tensor] | None] = None
     gated: ClassVar[bool] = False
     compile_native_default: ClassVar[bool] = False
     cpu_tiers: ClassVar[CpuTiers] = CpuTiers(FEW_KERNELS_MIN_NUMEL, standalone=True)
@@ -155,7 +158,8 @@ class _Activation(CustomOp):
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
         _check_input(self.name, x, gated=self.gated, dtypes=_CPU_DTYPES, contiguous=False)
-        return run_tiered(self.cpu_tiers, self.math_fn, x, *self.math_args(), eager=self.eager_fn)
+        return run_tiered(self.cpu_tiers, self.math_fn, x, *self.math_args(), eager=self.eager_fn,
+                          compiled_spec=self.compiled_fn)
 
     def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_kernel(x)
@@ -209,6 +213,26 @@ class GeluAndMul(_Activation):
         return (self.approximate,)
 
 
+def gelu_and_mul_sparse_two_pass(x: torch.Tensor, std_multiplier: float, approximate: str = "none") -> torch.Tensor:
+    """``gelu_and_mul_sparse`` with the row std taken as the root of the mean squared deviation from
+    the row mean (a second pass over the row) instead of ``Tensor.std``: the CPU compiled tier's form.
+
+    Inductor lowers ``std`` to a Welford reduction, and with the width symbolic (the standalone
+    route's width-dynamic artifacts) its C++ builds the Welford helpers per row and tests the
+    vector tail in the loop: 0.82x a per-shape ``torch.compile`` of the spec at 512x8192 in
+    bf16/fp16, 0.71-0.97x in fp32 at 16-512 rows (the per-width artifact: 1.07x at 512x8192 bf16).
+    Two plain sums vectorise as the per-width code does: 1.03-1.42x at 16-512 rows of 8192 in
+    every dtype (2 threads, benchmarks.cpu.activation; BENCHMARKS.md). Mathematically the same
+    population std; in floating point the two-pass sum is the textbook-accurate one (both are
+    within fp32 rounding of the float64 reference). Only ever compiled: in bf16/fp16 Inductor
+    keeps the row statistics in fp32, as it does for the spec."""
+    d = x.shape[-1] // 2
+    a = x[..., :d]
+    mean = a.mean(dim=-1, keepdim=True)
+    std = (a - mean).square().mean(dim=-1, keepdim=True).sqrt()
+    return F.gelu(F.relu(a - (mean + std * std_multiplier)), approximate=approximate) * x[..., d:]
+
+
 @CustomOp.register("gelu_and_mul_sparse")
 class GeluAndMulSparse(_Activation):
     """Gemma-3n's GeGLU that keeps only gate values above a per-row Gaussian percentile.
@@ -217,6 +241,7 @@ class GeluAndMulSparse(_Activation):
     ``Phi^-1(p)`` once, here. Row statistics are local to a tensor-parallel shard, as in vLLM."""
 
     math_fn = staticmethod(gelu_and_mul_sparse)
+    compiled_fn = staticmethod(gelu_and_mul_sparse_two_pass)
     gated = True
     # fp32 compiles from 2K (1.3x at 1x8192); bf16/fp16 keep 16K: there the compiled fp32 row
     # statistics move outputs near the cutoff beyond the tolerance against the bf16 spec
