@@ -136,7 +136,7 @@ _INF = 1 << 62
 RMS_EVICT_MAX_ROWS: dict[str, int] = {"cuda": 8192}
 RMS_TABLE: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
     "cuda": (
-        (256, 2048, 1, 4, 0), (256, 4096, 1, 8, 0), (256, 8192, 1, 16, 0), (256, 16384, 1, 16, 0),
+        (256, 2048, 1, 4, 0), (256, 4096, 1, 8, 0), (256, 8192, 1, 8, 0), (256, 16384, 1, 16, 0),
         (256, 32768, 1, 32, 0),
         (8192, 128, 32, 4, 0), (8192, 256, 16, 4, 0), (8192, 512, 8, 4, 0), (8192, 1024, 4, 4, 0),
         (8192, 2048, 1, 4, 0), (8192, 4096, 1, 8, 0), (8192, 8192, 1, 16, 0), (8192, 16384, 1, 16, 0),
@@ -146,6 +146,15 @@ RMS_TABLE: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
         (_INF, 32768, 1, 32, 0),
     ),
 }
+#: the decode class's warps with a residual (the fused adds), per padded width, where they differ
+#: from RMS_TABLE's. H200 sweeps, bf16, 1 / 16 / 256 rows x 8192, 8 warps against 16 (us):
+#: 2026-12-01: rms_norm 1.81-1.83 / 1.94-1.99 against 1.91-1.92 / 1.99-2.00, gemma 1.93 / 2.04
+#: against 2.02 / 2.15 (Liger 1.90 / 2.00); 2026-12-02 (a second sweep): rms_norm 1.84 / 1.99 / 3.69 against 1.86
+#: / 2.00 / 3.70, gemma 1.93 / 2.03 / 3.83 against 2.00 / 2.18 / 3.78, layer_norm 2.31 / 2.46 /
+#: 4.32 against 2.41 / 2.50 / 4.32; with a residual 16 stayed ahead: fused add 2.13 / 2.31 / 6.11
+#: against 2.16 / 2.32 / 6.13 at 8, Gemma's 2.29 / 2.40 / 6.19 against 2.27 / 2.44 / 6.29,
+#: Nemotron's 3.03 / 3.11 / 6.96 against 3.11 / 3.22 / 7.04.
+RMS_RESIDUAL_DECODE_WARPS: dict[str, dict[int, int]] = {"cuda": {8192: 16}}
 #: rows wider than the table: chunk width and warps of the looped kernel
 LOOP_ROW: dict[str, tuple[int, int]] = {"cuda": (8192, 16)}
 #: the row norms at prefill sizes take the looped kernel, Inductor's form for these ops: pass 1
@@ -327,6 +336,8 @@ def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int, residual: bool = 
     for max_rows, max_width, block_m, warps, per_sm in _table(RMS_TABLE, kind):
         if n_rows <= max_rows and width <= max_width:
             if max_rows <= 256:
+                if residual:
+                    warps = _table(RMS_RESIDUAL_DECODE_WARPS, kind).get(width, warps)
                 warps = changes.get("decode_warps", {}).get(width, warps)
             elif block_m == 1:
                 block_m = changes.get("mid_block_m", 1)

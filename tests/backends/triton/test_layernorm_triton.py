@@ -256,6 +256,11 @@ def test_rms_size_classes_and_sweep_filters():
     cfg = _tuning._rms_config("cuda", 132, 16, 4096)
     assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.single_tile) == (1, 4096, 8, True)
     assert _tuning._rms_config("cuda", 132, 4096, 512).block_m == 8
+    # decode rows of 8192 lanes: 8 warps, 16 with a residual (RMS_RESIDUAL_DECODE_WARPS); AMD halves
+    assert _tuning._rms_config("cuda", 132, 1, 8192).num_warps == 8
+    assert _tuning._rms_config("cuda", 132, 256, 8192, True).num_warps == 16
+    assert _tuning._rms_config("hip", 304, 256, 8192, True).num_warps == 8
+    assert _tuning._rms_config("cuda", 132, 257, 8192, True).num_warps == 16  # mid sizes: the table's
     assert not _tuning._rms_config("cuda", 132, 16, 65536).single_tile
     # prefill sizes (RMS_LOOPED): the looped kernel, half-row chunks (the row with a residual)
     assert _tuning._rms_config("cuda", 132, 32768, 4096) == _tuning.RowConfig(1, 2048, 8, False)
