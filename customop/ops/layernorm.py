@@ -117,6 +117,13 @@ NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS)
 #: bf16/fp16 at every size: 1.1-1.6x torch.compile of the spec at 1-2048 rows of 4096, where the
 #: compiled tier ran at 0.73-0.87x (docs/cpu.md)
 GEMMA_RMS_NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, native_from=1)
+#: RMSNormGated (Mamba-2's grouped gated norm): its own hand-written kernel
+#: (backends/cpu/native/rms_norm_gated.c) for bf16/fp16/fp32 at every size: one pass per row where
+#: Inductor's code keeps the gated product in an fp32 buffer between three loops, and no OpenMP
+#: region below 16K elements; 1.1-1.4x torch.compile of the spec at 1-256 rows of 4096, where the
+#: compiled tier, through Dynamo, ran at 0.68-0.94x (docs/cpu.md). Where the kernel cannot run the
+#: compiled tier calls Inductor's code without Dynamo (``standalone``: 1.0-1.1x at 16-256 rows).
+RMS_NORM_GATED_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, standalone=True, native_from=1)
 
 
 def _autograd_records(*tensors: torch.Tensor | None) -> bool:
@@ -269,7 +276,7 @@ class RMSNormGated(CustomOp):
     ``dtype`` is the weight's dtype (vLLM accepts it too).
     """
 
-    cpu_tiers = NORM_CPU_TIERS
+    cpu_tiers = RMS_NORM_GATED_CPU_TIERS
 
     def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: int | None = None,
                  norm_before_gate: bool = False, activation: str = "swish",
@@ -295,8 +302,14 @@ class RMSNormGated(CustomOp):
         return rms_norm_gated(*self._args(x, z))
 
     def forward_cpu(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-        _check_norm_inputs(self.name, self.hidden_size, x, self.weight, {"z": z})
-        return run_tiered(self.cpu_tiers, rms_norm_gated, *self._args(x, z))
+        # per-call cost matters at decode sizes (a few us against the kernel's): the checks'
+        # conditions in one pass (z's are a residual's), the full check and its errors only when
+        # that says no; the weight without nn.Module's __getattr__
+        weight = _weight(self)
+        if not _norm_inputs_pass(self.hidden_size, x, weight, z):
+            _check_norm_inputs(self.name, self.hidden_size, x, weight, {"z": z})
+        return run_tiered(self.cpu_tiers, rms_norm_gated, x, weight, z, self.eps, self.group_size,
+                          self.norm_before_gate, _GATE_ACTIVATIONS[self.activation])
 
     def forward_cuda(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         return self.forward_kernel(x, z)

@@ -1,10 +1,10 @@
 """Builds, caches and loads the hand-written CPU kernels (``*.c`` next to this file) with ctypes.
 
 Nothing happens at import: the first call of ``library()`` picks the compiler flags for this CPU,
-looks for a shared object built from the same source with the same compiler and flags in the cache
+looks for a shared object built from the same sources with the same compiler and flags in the cache
 directory, builds it there if missing (gcc, ~1 s: no torch headers), and loads it once for the
 process. The cache: ``$CUSTOMOP_CACHE_DIR`` or ``$XDG_CACHE_HOME/customop`` (``~/.cache/customop``),
-sub-folder ``native``; a file's name carries a hash of the source, compiler and flags, so an edited
+sub-folder ``native``; a file's name carries a hash of the sources, compiler and flags, so an edited
 source or another CPU's flags never meet a stale build.
 
 Where the kernels cannot run (not x86-64 Linux, no AVX-512, no C compiler, a failed build,
@@ -26,7 +26,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("rms_norm.c")
+_HERE = Path(__file__).parent
+#: the kernels' C sources, built into one library, and the header they share (in the cache key too)
+SOURCES = (_HERE / "rms_norm.c", _HERE / "rms_norm_gated.c")
+HEADERS = (_HERE / "avx512_common.h",)
 
 #: AVX-512 subsets every kernel uses (masked 16-bit loads and stores, fpclass); F16C's conversions
 #: come with AVX512F in their 512-bit form
@@ -94,14 +97,14 @@ def _plan() -> tuple[str, list[str], frozenset[str]] | str:
 
 
 def _build(cc: str, flags: list[str], target: Path) -> None:
-    """Compiles ``SOURCE`` to ``target`` through a temporary file in the same folder (renamed into
+    """Compiles ``SOURCES`` to ``target`` through a temporary file in the same folder (renamed into
     place, so concurrent processes never load a half-written file)."""
     global builds
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *flags, str(SOURCE), "-o", tmp], check=True, capture_output=True, text=True)
+        subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp], check=True, capture_output=True, text=True)
         os.replace(tmp, target)
         builds += 1
     finally:
@@ -121,8 +124,9 @@ def library() -> ctypes.CDLL | None:
         return None
     cc, flags, names = plan
     try:
-        key = hashlib.sha256(SOURCE.read_bytes() + "\0".join([cc, *flags]).encode()).hexdigest()[:20]
-        target = cache_dir() / f"{SOURCE.stem}-{key}.so"
+        code = b"".join(f.read_bytes() for f in (*SOURCES, *HEADERS))
+        key = hashlib.sha256(code + "\0".join([cc, *flags]).encode()).hexdigest()[:20]
+        target = cache_dir() / f"norms-{key}.so"
         if not target.exists():
             _build(cc, flags, target)
         lib = ctypes.CDLL(str(target))

@@ -191,7 +191,7 @@ def test_tiers_wiring():
     assert RMSNorm.cpu_tiers.native_from == GemmaRMSNorm.cpu_tiers.native_from == 1
     assert native.kernel_for(spec.rms_norm) is N.rms_norm
     assert native.kernel_for(spec.gemma_fused_add_rms_norm) is N.gemma_fused_add_rms_norm
-    assert native.kernel_for(spec.rms_norm_gated) is None
+    assert native.kernel_for(spec.fused_rms_norm_gated) is None
     assert RMSNorm.cpu_tiers.compiling_from(1).native_from == float("inf")  # tests of the compiled tier
 
 
@@ -199,7 +199,7 @@ def test_built_once_then_loaded_from_the_cache(fresh_library):
     builds = loader.builds
     assert set(N.entries()) == set(DTYPES)  # this machine has AVX512_BF16 (the skip above)
     assert loader.builds == builds + 1
-    (built,) = (fresh_library / "native").glob("rms_norm-*.so")
+    (built,) = (fresh_library / "native").glob("norms-*.so")
     N.reset()
     assert set(N.entries()) == set(DTYPES)
     assert loader.builds == builds + 1  # the second process-start loads the cached file
