@@ -1,9 +1,10 @@
 """CPU paths of QuantFP8: eager native vs ``torch.compile(native)`` vs ``forward_cpu``.
 
     .venv/bin/python -m benchmarks.cpu.quant [--quick] [--rounds N] [--shapes 1x128,16x4096]
-        [--compile-from N] [--no-standalone]
+        [--compile-from N] [--no-standalone] [--modes per-token,static-per-tensor]
 
-Dynamic per-token and per-group-128 quantization of bf16 activations to e4m3fn. ``eager`` is
+Dynamic per-token and per-group-128 quantization of bf16 activations to e4m3fn (``--modes`` adds
+the static per-tensor and per-channel modes, whose scale the caller passes). ``eager`` is
 ``QuantFP8.forward_native``; ``compile`` is a separate ``torch.compile`` of the spec function
 ``quant_fp8`` (default settings: shapes become dynamic after the first recompile);
 ``forward_cpu`` is what an enabled QuantFP8 runs on this CPU (compiled above
@@ -33,13 +34,22 @@ from customop.ops.quantization import GroupShape, QuantFP8, input_quant_fp8, qua
 
 SHAPES = [(1, 128), (1, 4096), (2, 4096), (4, 4096), (16, 4096), (256, 8192), (4096, 8192)]
 QUICK_SHAPES = [(1, 4096), (16, 4096)]
-MODES = {"per-token": GroupShape.PER_TOKEN, "per-group-128": GroupShape(1, 128)}
+#: mode -> (static, group shape); the default run measures the first two
+MODES = {"per-token": (False, GroupShape.PER_TOKEN), "per-group-128": (False, GroupShape(1, 128)),
+         "static-per-tensor": (True, GroupShape.PER_TENSOR), "static-per-channel": (True, GroupShape.PER_CHANNEL)}
+DEFAULT_MODES = "per-token,per-group-128"
 
 
-def native(x: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def native(x: torch.Tensor, scale: torch.Tensor | None, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """The spec behind its own code object, so that the ``compile`` column's Dynamo cache entries
     do not share (and crowd) the recompile limit of ``quant_fp8``, which ``forward_cpu`` compiles."""
-    return quant_fp8(x, None, None, **kwargs)
+    return quant_fp8(x, scale, None, **kwargs)
+
+
+def static_scale(group_shape: GroupShape, hidden: int) -> torch.Tensor:
+    """A static scale of the mode's shape: one element per tensor, ``[H]`` per channel."""
+    numel = hidden if group_shape.is_per_channel() else 1
+    return torch.rand(numel, dtype=torch.float32) * 0.01 + 0.01
 
 
 def time_interleaved(fns: dict[str, callable], rounds: int) -> dict[str, list[float]]:
@@ -71,6 +81,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="", help="tokens x hidden list (default: SHAPES)")
     parser.add_argument("--compile-from", type=float, default=None, help="compile threshold in elements")
     parser.add_argument("--no-standalone", action="store_true", help="the compiled tier through Dynamo")
+    parser.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, of {', '.join(MODES)}")
     args = parser.parse_args()
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")] if args.shapes else \
         QUICK_SHAPES if args.quick else SHAPES
@@ -87,29 +98,31 @@ def main() -> None:
           "forward_cpu vs compile | GB/s (best) |")
     print("|---|---|---|---|---|---|---|---|---|")
     with torch.inference_mode():
-        for mode, group_shape in MODES.items():
+        for mode in args.modes.split(","):
+            static, group_shape = MODES[mode]
             with use_config(Config(custom_ops=["all"])):
-                op = QuantFP8(False, group_shape)
+                op = QuantFP8(static, group_shape)
             if args.compile_from is not None:
                 op.cpu_tiers = op.cpu_tiers.compiling_from(args.compile_from)
             if args.no_standalone:
                 op.cpu_tiers = dataclasses.replace(op.cpu_tiers, standalone=False)
             with use_config(Config(custom_ops=["all"])):
-                eager_op = QuantFP8(False, group_shape)
+                eager_op = QuantFP8(static, group_shape)
             eager_op.cpu_tiers = op.cpu_tiers.compiling_from(math.inf)
             for tokens, hidden in shapes:
                 x = torch.randn(tokens, hidden, dtype=torch.bfloat16)
+                scale = static_scale(group_shape, hidden) if static else None
                 rounds = args.rounds if tokens * hidden < 2**24 else max(5, args.rounds // 3)
                 t = time_interleaved({
-                    "eager": lambda: op.forward_native(x),
-                    "compile": lambda: compiled_native(x, op._math),
-                    "cpu": lambda: op.forward_cpu(x),
-                    "eager_tier": lambda: eager_op.forward_cpu(x),
+                    "eager": lambda: op.forward_native(x, scale),
+                    "compile": lambda: compiled_native(x, scale, op._math),
+                    "cpu": lambda: op.forward_cpu(x, scale),
+                    "eager_tier": lambda: eager_op.forward_cpu(x, scale),
                 }, rounds)
                 med = {k: statistics.median(v) for k, v in t.items()}
                 best = {k: min(v) for k, v in t.items()}
                 cell = {k: f"{med[k] * 1e6:.1f} ({best[k] * 1e6:.1f})" for k in t}
-                q, s = op.forward_cpu(x)
+                q, s = op.forward_cpu(x, scale)
                 moved = x.numel() * x.element_size() + q.numel() + s.numel() * 4
                 print(f"| {mode} | {tokens}x{hidden} | {cell['eager']} | {cell['compile']} | {cell['cpu']} | "
                       f"{cell['eager_tier']} | {med['eager'] / med['cpu']:.2f}x ({best['eager'] / best['cpu']:.2f}x) | "

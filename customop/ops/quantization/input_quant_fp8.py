@@ -51,8 +51,9 @@ from customop.ops.quantization.group_shape import GroupShape
 #: quieter machine forward_cpu took 14-31 us against torch.compile's 20-36 per token from 1x128 to
 #: 12x4096, where the eager tier ran at 0.49-1.15x torch.compile (0.49-0.62x at 8-12 x 4096); now
 #: 1.10-1.73x; per group 128 (a slower compile) 1.16-3.99x -> 1.58-7.41x (2 threads, alternated
-#: runs; BENCHMARKS.md, "issue 18, CPU, seventh day"). Modes the route refuses (a static scale, padding, aligned scales) keep
-#: the eager tier below 64K without asking it (``_route_takes_it``).
+#: runs; BENCHMARKS.md, "issue 18, CPU, seventh day"). Modes the route refuses (padding, aligned scales, static
+#: scales of 2 dims) keep the eager tier below 64K without asking it (``_route_takes_it``,
+#: ``_static_forward_cpu``); static scales of one element or ``[H]`` take the band (``static_quant``).
 QUANT_CPU_TIERS = CpuTiers(1 << 16, rows=False, standalone=True, compiled_up_to=(1 << 16) - 1,
                            one_thread_up_to=(1 << 15) - 1)
 #: id(tiers) -> (tiers, the same without the small-size band), for the modes the route refuses
@@ -86,8 +87,8 @@ def quant_fp8(x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tenso
     the same kernels with in-place steps, bitwise equal."""
     math = eager if fewer_temporaries and x.dtype in eager.QUANT_DTYPES else qm
     if scale is not None:
-        full = qm.static_group_scales(scale, group_shape.col, x.shape[-1]) if group_shape.is_per_group() else scale
-        q = math.scaled_fp8_quant(x, full, fp8_dtype, fp8_max)
+        q = static_quant(x, scale, group_shape=group_shape, fp8_dtype=fp8_dtype, fp8_max=fp8_max,
+                         fewer_temporaries=fewer_temporaries)
         scale = returned_static_scale(scale, group_shape)
     elif group_shape.is_per_group():
         q, scale = math.per_token_group_fp8_quant(x, group_shape.col, column_major_scales, use_ue8m0,
@@ -101,6 +102,22 @@ def quant_fp8(x: torch.Tensor, scale: torch.Tensor | None, scale_ub: torch.Tenso
     else:
         q, scale = math.dynamic_scaled_fp8_quant(x, fp8_dtype, fp8_max, min_scale)
     return qm.pad_tokens(q, num_token_padding), scale
+
+
+def static_quant(x: torch.Tensor, scale: torch.Tensor, *, group_shape: GroupShape, fp8_dtype: torch.dtype,
+                 fp8_max: float, fewer_temporaries: bool = False) -> torch.Tensor:
+    """``q`` of a static ``quant_fp8`` call before padding: ``x`` quantized with the caller's scale
+    (per group broadcast to one scale per element first). The CPU path compiles this alone, since a
+    compiled graph that also returned the caller's scale could hand back a copy of it (the standalone
+    route refuses such graphs); ``returned_static_scale`` gives the scale."""
+    math = eager if fewer_temporaries and x.dtype in eager.QUANT_DTYPES else qm
+    full = qm.static_group_scales(scale, group_shape.col, x.shape[-1]) if group_shape.is_per_group() else scale
+    return math.scaled_fp8_quant(x, full, fp8_dtype, fp8_max)
+
+
+def _static_quant_in_place_steps(x: torch.Tensor, scale: torch.Tensor, **math: Any) -> torch.Tensor:
+    """``static_quant`` with the in-place steps of ``backends/cpu/eager.py`` (bitwise equal)."""
+    return static_quant(x, scale, **math, fewer_temporaries=True)
 
 
 def empty_per_tensor_quant(x: torch.Tensor, fp8_dtype: torch.dtype,
@@ -185,10 +202,15 @@ class QuantFP8(CustomOp):
         self.fp8_max = fp8_max(self.fp8_dtype)
         self.min_scale = fp8_min_scale(self.fp8_dtype)
         # the standalone route refuses the graphs of a static scale (returned as given: the caller's
-        # tensor), of padding to a token count and of aligned scales (both constrain the rows):
-        # those calls skip the small-size band, whose eager fallback would first pay the route's
-        # ~5 us refusal (static per tensor at 1x4096: 22 vs 16 us a call)
+        # tensor; forward_cpu compiles static_quant for those instead), of padding to a token count
+        # and of aligned scales (both constrain the rows): those calls skip the small-size band,
+        # whose eager fallback would first pay the route's ~5 us refusal (static per tensor at
+        # 1x4096: 22 vs 16 us a call)
         self._route_takes_it = not static and num_token_padding is None and not tma_aligned_scales
+        # static without padding: forward_cpu compiles ``static_quant`` (q alone), which the route takes
+        self._static_unpadded = static and num_token_padding is None
+        self._static_math: dict[str, Any] = dict(group_shape=group_shape, fp8_dtype=self.fp8_dtype,
+                                                 fp8_max=self.fp8_max)
         self._math: dict[str, Any] = dict(
             group_shape=group_shape, num_token_padding=num_token_padding, column_major_scales=column_major_scales,
             tma_aligned_scales=tma_aligned_scales, use_ue8m0=use_ue8m0, fp8_dtype=self.fp8_dtype,
@@ -213,10 +235,27 @@ class QuantFP8(CustomOp):
     def forward_cpu(self, x: torch.Tensor, scale: torch.Tensor | None = None,
                     scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         self._check_call(x, scale, scale_ub)
+        if self._static_unpadded:
+            return self._static_forward_cpu(x, scale)
         tiers = self.cpu_tiers
         if tiers.compiled_up_to and not self._route_takes_it:
             tiers = _without_band(tiers)
         return run_tiered(tiers, quant_fp8, x, scale, scale_ub, eager=_quant_fp8_in_place_steps, **self._math)
+
+    def _static_forward_cpu(self, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A static call without padding: ``static_quant`` through the tiers, the caller's scale
+        returned as the spec returns it. Compiling ``quant_fp8`` instead gave a graph that returns
+        its scale input, which the standalone route refuses: Dynamo's path, 0.56-0.92x
+        torch.compile at 4x4096 to 256x8192 per tensor. The small-size band (one-thread artifacts)
+        applies where the route takes the scale: one element or ``[H]`` (per tensor, per channel);
+        the eager tier ran at 0.67-0.88x torch.compile at 4-12 x 4096 per tensor. Other static
+        scales (``[1, H]``, per token, per group) are not x's rows nor ``[hidden]``: no band (the
+        route's refusal would cost ~5 us a call), Dynamo's path from the threshold."""
+        tiers = self.cpu_tiers
+        if tiers.compiled_up_to and (scale.dim() > 1 or self.is_group_quant):
+            tiers = _without_band(tiers)
+        q = run_tiered(tiers, static_quant, x, scale, eager=_static_quant_in_place_steps, **self._static_math)
+        return q, returned_static_scale(scale, self.group_shape)
 
     def forward_cuda(self, x: torch.Tensor, scale: torch.Tensor | None = None,
                      scale_ub: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

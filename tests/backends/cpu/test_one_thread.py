@@ -83,9 +83,9 @@ def test_small_calls_take_the_one_thread_artifacts_and_large_ones_the_threads(mo
 
 
 def test_band_calls_the_route_refuses_run_the_eager_tier(monkeypatch):
-    """Below the threshold a strided or autograd-recording x, a 1-D x and QuantFP8's static scale
-    (its graph returns the caller's tensor: refused at build time) run eagerly: no Dynamo graph;
-    the static QuantFP8 does not even ask the route (its refusal costs ~5 us a call)."""
+    """Below the threshold a strided or autograd-recording x, a 1-D x and QuantFP8's static per-token
+    scale (``[T, 1]``: neither x's rows nor ``[hidden]``, which the route refuses) run eagerly: no
+    Dynamo graph; the static QuantFP8 does not even ask the route (its refusal costs ~5 us a call)."""
     op = enabled(A.FastGELU)
     static = enabled(QuantFP8, True, GroupShape.PER_TOKEN)
     dynamic = enabled(QuantFP8, False, GroupShape.PER_TOKEN)
