@@ -223,8 +223,14 @@ TILE_TABLE: dict[str, dict[str, int]] = {
              "small_elems_per_warp": 256, "decode_tokens": 256, "decode_min_n": 1024,
              "stream_tile_elems": 2048, "stream_elems_per_warp": 256, "stream_flat_numel": 1 << 20,
              "stream_flat_elems": 1024, "small_grid_tile_n": 512, "small_grid_elems_per_warp": 64,
-             "compute_elems_per_warp": 256},
+             "compute_elems_per_warp": 256, "light_mid_numel": 1 << 22, "light_mid_elems": 4096},
 }
+#: ``light_mid_*`` (flat, ``light`` ops: relu2, a max and a multiply per element): from
+#: ``stream_flat_numel`` up to ``light_mid_numel`` elements, ``light_mid_elems``-element blocks at
+#: ``elems_per_warp`` (4096 at 8 warps, 16 per thread) instead of the streaming class's 1024 at 4.
+#: H200 flat sweeps, bf16, relu2 256 x 4096 / 256 x 8192, us (streaming pick -> 4096 / 8; Liger):
+#: 2026-12-02 run 1: 2.15 -> 2.13 / 3.52 -> 3.45 (2.14 / 3.35); run 2: 2.18 -> 1.98 / 3.58 -> 3.44
+#: (2.03 / 3.36). quick_gelu lost with it (256 x 4096: 2.30 -> 2.41), so the others keep theirs.
 #: (tile, decode rows) up to ``decode_tokens`` rows the gated tile may shrink to ``decode_min_n``
 #: columns (instead of ``tile_min_n``) to spread the few rows over more SMs; the ``tile`` sweep's
 #: decode alternatives time 128-2048. Those rows launch on the 2-D grid (``TileConfig.grid2d``):
@@ -417,17 +423,21 @@ def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class:
                       grid2d=n_rows <= t["decode_tokens"], const_width=const_width and stream)
 
 
-def flat_config(device: torch.device, numel: int, unary: bool = False) -> TileConfig:
+def flat_config(device: torch.device, numel: int, unary: bool = False, light: bool = False) -> TileConfig:
     """1-D elementwise block over ``numel`` elements (``block_m`` is 1). ``unary``: the unary
     activations' kernel, which has a streaming class (TILE_TABLE's ``stream_flat_*``); the other
-    users of flat blocks (per-tensor quant) were not swept for it."""
+    users of flat blocks (per-tensor quant) were not swept for it. ``light`` (unary): an op of a
+    couple of instructions per element, with its own class below ``light_mid_numel``."""
     kind = device_kind(device)
-    return _apply_override("flat", _flat_config(kind, sm_count(device), numel, unary))
+    return _apply_override("flat", _flat_config(kind, sm_count(device), numel, unary, light))
 
 
 @functools.lru_cache(maxsize=512)
-def _flat_config(kind: str, sms: int, numel: int, unary: bool = False) -> TileConfig:
+def _flat_config(kind: str, sms: int, numel: int, unary: bool = False, light: bool = False) -> TileConfig:
     t = _table(TILE_TABLE, kind)
+    if unary and light and t["stream_flat_numel"] <= numel < t["light_mid_numel"]:
+        block = t["light_mid_elems"]
+        return TileConfig(1, block, _warps(kind, block // t["elems_per_warp"]), evict=False)
     if unary and numel >= t["stream_flat_numel"]:
         block = t["stream_flat_elems"]
         return TileConfig(1, block, _warps(kind, block // t["stream_elems_per_warp"]), evict=False)

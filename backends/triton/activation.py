@@ -443,13 +443,14 @@ def gelu_and_mul_sparse(x: torch.Tensor, std_multiplier: float, approximate: str
 
 
 def _unary(x: torch.Tensor, act: tl.constexpr, alpha_p: torch.Tensor | None = None, alpha_n: torch.Tensor | None = None,
-           beta: float = 0.0, eps: float = 0.0, config: _tuning.TileConfig | None = None) -> torch.Tensor:
+           beta: float = 0.0, eps: float = 0.0, config: _tuning.TileConfig | None = None,
+           light: bool = False) -> torch.Tensor:
     xc = x.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     numel = out.numel()
     if numel == 0:
         return out
-    cfg = config or _tuning.flat_config(x.device, numel, unary=True)
+    cfg = config or _tuning.flat_config(x.device, numel, unary=True, light=light)
     p = alpha_p if alpha_p is not None else xc
     n = alpha_n if alpha_n is not None else xc
     blocks = triton.cdiv(numel, cfg.block_n)
@@ -482,7 +483,7 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 def relu2(x: torch.Tensor) -> torch.Tensor:
-    return _unary(x, RELU2)
+    return _unary(x, RELU2, light=True)
 
 
 def xielu(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor, beta: float, eps: float) -> torch.Tensor:

@@ -163,6 +163,9 @@ _FLAT_CODEGEN = [
     (4231, _tuning.TileConfig(1, 1024, 4), (False, False)),
     (7, _tuning.TileConfig(1, 1024, 4, evict=False), (False, False)),
     (2048, _tuning.TileConfig(1, 512, 1, even=False, int32=False), (False, True)),  # the previous code
+    # relu2's light class: 4096-element blocks at 8 warps, whole and with a tail
+    (12288, _tuning.TileConfig(1, 4096, 8, evict=False), (True, False)),
+    (8231, _tuning.TileConfig(1, 4096, 8, evict=False), (False, False)),
 ]
 
 
@@ -215,6 +218,12 @@ def test_tile_decode_class_and_sweep_filters():
     assert _tuning._flat_config("cuda", 132, 32768 * 8192, True) == _tuning.TileConfig(1, 1024, 4, evict=False)
     assert _tuning._flat_config("cuda", 132, 32768 * 8192) == _tuning.TileConfig(1, 2048, 4)
     assert _tuning._flat_config("cuda", 132, 64 * 8192, True).evict
+    # relu2 (light): 4096-element blocks at 8 warps from the streaming size up to light_mid_numel
+    assert _tuning._flat_config("cuda", 132, 256 * 4096, True, True) == _tuning.TileConfig(1, 4096, 8, evict=False)
+    assert _tuning._flat_config("cuda", 132, 256 * 8192, True, True) == _tuning.TileConfig(1, 4096, 8, evict=False)
+    assert _tuning._flat_config("cuda", 132, 512 * 8192, True, True) == _tuning.TileConfig(1, 1024, 4, evict=False)
+    assert _tuning._flat_config("cuda", 132, 64 * 8192, True, True) == _tuning._flat_config("cuda", 132, 64 * 8192, True)
+    assert _tuning._flat_config("hip", 304, 256 * 8192, True, True).num_warps == 4
     decode = _tuning.sweep_alternatives(_tuning.SWEEP["tile"], 16, 14336)
     prefill = _tuning.sweep_alternatives(_tuning.SWEEP["tile"], 32768, 14336)
     assert {"even": False, "int32": False} in decode and {"even": False, "int32": False} in prefill
