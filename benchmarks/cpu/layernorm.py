@@ -1,8 +1,12 @@
 """CPU timings of the norms family: eager native vs ``torch.compile(native)`` vs ``forward_cpu``.
 
     .venv/bin/python -m benchmarks.cpu.layernorm [--dtypes bf16,fp32] [--shapes 1x4096,...]
-        [--extra] [--layer] [--emulated-rounding] [--dynamo-route] [--min-time 0.4] [--threads N]
+        [--extra] [--gated] [--layer] [--emulated-rounding] [--dynamo-route] [--min-time 0.4] [--threads N]
         [--clock wall|cpu]
+
+``--gated``: RMSNormGated (Mamba-2's grouped gated norm, ``rms_norm_gated``) at the ``--shapes``
+instead of RMSNorm, in every form: one group and 8 groups a row, without z, z before the norm
+(``norm_before_gate=False``) and after it; the label says which (``g8 z-after``).
 
 ``--layer``: vLLM 0.33's layer norms and FusedRMSNormGated (layer_norm, nemotron_layer_norm
 with and without the fused add, fused_rms_norm_gated) at the ``--shapes`` instead of RMSNorm.
@@ -68,10 +72,30 @@ def layer_cases(dtype: torch.dtype, shapes):
         yield "fused_rms_norm_gated", shape, L.fused_rms_norm_gated, gated, (x, g, gated.weight, 1e-5, False), (x, g)
 
 
-def cases(dtype: torch.dtype, shapes, extra: bool, layer: bool = False):
+def gated_cases(dtype: torch.dtype, shapes):
+    """RMSNormGated's forms (silu gate, weights in the input dtype): 1 or 8 groups, no z, the gate
+    before the norm (on x) or after it (on the output)."""
+    for shape in shapes:
+        h = shape[-1]
+        x, z = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+        for groups in (1, 8):
+            for gate in ("none", "before", "after"):
+                after = gate == "after"
+                with use_config(Config(custom_ops=["all"])):
+                    op = L.RMSNormGated(h, group_size=h // groups, norm_before_gate=after,
+                                        dtype=dtype).requires_grad_(False)
+                zz = None if gate == "none" else z
+                yield (f"rms_norm_gated g{groups} z-{gate}", shape, L.rms_norm_gated, op,
+                       (x, op.weight, zz, 1e-5, h // groups, after, False), (x, zz))
+
+
+def cases(dtype: torch.dtype, shapes, extra: bool, layer: bool = False, gated: bool = False):
     """(op label, shape, math fn, op, fn args, op args) for each case."""
     if layer:
         yield from layer_cases(dtype, shapes)
+        return
+    if gated:
+        yield from gated_cases(dtype, shapes)
         return
     for shape in shapes:
         h = shape[-1]
@@ -100,6 +124,8 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES),
                         help="rms_norm / fused_add_rms_norm shapes, e.g. 1x4096,16x4096")
     parser.add_argument("--extra", action="store_true", help="also gemma_rms_norm and rms_norm_gated")
+    parser.add_argument("--gated", action="store_true",
+                        help="RMSNormGated in every form (groups, z, norm_before_gate) instead of rms_norm")
     parser.add_argument("--layer", action="store_true",
                         help="the layer norms and fused_rms_norm_gated instead of rms_norm")
     parser.add_argument("--emulated-rounding", action="store_true",
@@ -124,7 +150,8 @@ def main() -> None:
           + ("---:|---:|" if before else ""))
     with torch.no_grad():
         for dtype_name in args.dtypes.split(","):
-            for label, shape, fn, op, fn_args, op_args in cases(DTYPES[dtype_name], shapes, args.extra, args.layer):
+            for label, shape, fn, op, fn_args, op_args in cases(DTYPES[dtype_name], shapes, args.extra, args.layer,
+                                                                      args.gated):
                 # Dynamo caches compiled code per code object, shared by the baseline and
                 # forward_cpu: start each case afresh so that no case meets the recompile limit.
                 torch._dynamo.reset()

@@ -120,9 +120,10 @@ GEMMA_RMS_NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, native_from=1)
 #: RMSNormGated (Mamba-2's grouped gated norm): its own hand-written kernel
 #: (backends/cpu/native/rms_norm_gated.c) for bf16/fp16/fp32 at every size: one pass per row where
 #: Inductor's code keeps the gated product in an fp32 buffer between three loops, and no OpenMP
-#: region below 16K elements; 1.1-1.4x torch.compile of the spec at 1-256 rows of 4096, where the
-#: compiled tier, through Dynamo, ran at 0.68-0.94x (docs/cpu.md). Where the kernel cannot run the
-#: compiled tier calls Inductor's code without Dynamo (``standalone``: 1.0-1.1x at 16-256 rows).
+#: region below 16K elements: 1.05-1.76x torch.compile of the spec (p5 and medians) at 1-256 rows
+#: of 4096 in every form, where the compiled tier through Dynamo ran at 0.68-0.98x (docs/cpu.md).
+#: Where the kernel cannot run, the compiled tier calls Inductor's code without Dynamo
+#: (``standalone``: 0.95-1.2x, the same code as torch.compile's less Dynamo's call path).
 RMS_NORM_GATED_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, standalone=True, native_from=1)
 
 
