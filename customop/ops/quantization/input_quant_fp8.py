@@ -56,6 +56,11 @@ from customop.ops.quantization.group_shape import GroupShape
 #: ``_static_forward_cpu``); static scales of one element or ``[H]`` take the band (``static_quant``).
 QUANT_CPU_TIERS = CpuTiers(1 << 16, rows=False, standalone=True, compiled_up_to=(1 << 16) - 1,
                            one_thread_up_to=(1 << 15) - 1)
+#: Static per-tensor / per-channel calls of up to this many elements skip the small-size band: their
+#: eager tier (three ATen kernels, no reduction) beat the band's one-thread artifact there (1x4096
+#: bf16: 15.4 vs 18.6 us, p5; torch.compile 22.0) and tied it at 10-12K elements; from 16K the
+#: band wins (4x4096: 22.8 vs 24.8, compile 24.7; 8x4096: 24.8 vs 37.1, compile 28.1)
+STATIC_EAGER_UP_TO = 1 << 13
 #: id(tiers) -> (tiers, the same without the small-size band), for the modes the route refuses
 _WITHOUT_BAND: dict[int, tuple[CpuTiers, CpuTiers]] = {}
 
@@ -247,12 +252,13 @@ class QuantFP8(CustomOp):
         returned as the spec returns it. Compiling ``quant_fp8`` instead gave a graph that returns
         its scale input, which the standalone route refuses: Dynamo's path, 0.56-0.92x
         torch.compile at 4x4096 to 256x8192 per tensor. The small-size band (one-thread artifacts)
-        applies where the route takes the scale: one element or ``[H]`` (per tensor, per channel);
-        the eager tier ran at 0.67-0.88x torch.compile at 4-12 x 4096 per tensor. Other static
-        scales (``[1, H]``, per token, per group) are not x's rows nor ``[hidden]``: no band (the
-        route's refusal would cost ~5 us a call), Dynamo's path from the threshold."""
+        applies above ``STATIC_EAGER_UP_TO`` elements where the route takes the scale: one element
+        or ``[H]`` (per tensor, per channel); the eager tier ran at 0.67-0.88x torch.compile at
+        4-12 x 4096 per tensor. Other static scales (``[1, H]``, per token, per group) are not x's
+        rows nor ``[hidden]``: no band (the route's refusal would cost ~5 us a call), Dynamo's
+        path from the threshold."""
         tiers = self.cpu_tiers
-        if tiers.compiled_up_to and (scale.dim() > 1 or self.is_group_quant):
+        if tiers.compiled_up_to and (x.numel() <= STATIC_EAGER_UP_TO or scale.dim() > 1 or self.is_group_quant):
             tiers = _without_band(tiers)
         q = run_tiered(tiers, static_quant, x, scale, eager=_static_quant_in_place_steps, **self._static_math)
         return q, returned_static_scale(scale, self.group_shape)

@@ -95,23 +95,51 @@ def _recording(monkeypatch):
 
 
 def test_the_band_boundaries_as_shipped(monkeypatch):
-    """Per tensor, the shipped tiers: one-thread artifacts up to 32767 elements, the threads from
-    32768, the band up to 65535 and the threshold from 65536 (both on the threaded artifacts):
-    each boundary from both sides, q bit for bit the spec's, no Dynamo graph."""
+    """Per tensor, the shipped tiers: the eager tier up to 8192 elements (``STATIC_EAGER_UP_TO``,
+    the route not asked), one-thread artifacts from 8193 to 32767, the threads from 32768, the band
+    up to 65535 and the threshold from 65536 (both on the threaded artifacts): each boundary from
+    both sides, q bit for bit the spec's, no Dynamo graph."""
     tiers = input_quant_fp8.QUANT_CPU_TIERS
     assert tiers.one_thread_up_to == (1 << 15) - 1 and tiers.compile_from(torch.bfloat16) == 1 << 16
+    assert input_quant_fp8.STATIC_EAGER_UP_TO == 1 << 13
     op = build("static per-tensor")
     taken = _recording(monkeypatch)
     before = graphs()
-    shapes = [(1, 32767), (1, 32768), (3, 21845), (1, 65535), (1, 65536), (16, 4096)]
+    shapes = [(1, 4096), (2, 4096), (1, 8193), (1, 32767), (1, 32768), (3, 21845), (1, 65535), (1, 65536),
+              (16, 4096)]
     with torch.no_grad():
         for shape in shapes:
             x, kwargs = case_input("static per-tensor", *shape, torch.bfloat16, seed=shape[1])
             q, scale = op.forward_cpu(x, **kwargs)
             assert scale is kwargs["scale"] and same_q(q, op.forward_native(x, **kwargs)[0]), shape
-    assert taken == [((1, 32767), 1), ((1, 32768), -1), ((3, 21845), -1), ((1, 65535), -1), ((1, 65536), -1),
+    assert taken == [((1, 8193), 1), ((1, 32767), 1), ((1, 32768), -1), ((3, 21845), -1), ((1, 65535), -1), ((1, 65536), -1),
                      ((16, 4096), -1)]
     assert graphs() == before
+
+
+@pytest.mark.slow
+def test_warmup_builds_what_static_requests_take(monkeypatch):
+    """``customop.warmup`` (its per-tensor ``[1]`` and per-channel ``[H]`` scales at width 256 and
+    one 64K-wide row) builds every artifact the requests take: eager up to 8K elements, the
+    one-thread band, the threaded band and the threshold's, one row included; nothing compiles
+    on the request path and q is the spec's bit for bit."""
+    import customop
+
+    ops = [build(label) for label in ROUTED]
+    rows = customop.warmup(ops, dtypes=(torch.bfloat16,))
+    assert rows and all(r.outcome == "ran" for r in rows)
+    before, built = graphs(), standalone.compiles
+    taken = _recording(monkeypatch)
+    shapes = ((1, 4096), (2, 4096), (3, 4096), (1, 16384), (1, 40000), (1, 65536), (16, 4096), (600, 4096))
+    with torch.no_grad():
+        for label, op in zip(ROUTED, ops):
+            for shape in shapes:
+                x, kwargs = case_input(label, *shape, torch.bfloat16, seed=shape[0] + shape[1])
+                got = op(x, **kwargs)
+                quant_ref.check_against_reference(QUANT[label], x, got, FP8, kwargs)
+    assert graphs() == before and standalone.compiles == built
+    want = [(s, 1 if s[0] * s[1] <= (1 << 15) - 1 else -1) for s in shapes if s[0] * s[1] > 1 << 13]
+    assert taken == want * 2
 
 
 def test_static_scales_the_route_cannot_take_keep_their_paths(monkeypatch):
