@@ -67,6 +67,9 @@ class RowConfig:
     int32: bool = True
     w_first: bool = True
     evict: bool = True
+    #: (looped kernel) the row width and packed-row strides as compile-time constants, as in
+    #: Inductor's code for one shape (one compiled kernel per width)
+    const_width: bool = False
 
     @property
     def launch_options(self) -> dict[str, int]:
@@ -169,9 +172,25 @@ LOOP_ROW: dict[str, tuple[int, int]] = {"cuda": (8192, 16)}
 #: - 2026-12-02, 4096 rows: rms_norm x 8192 35.3 -> 34.2 (34.4), fused add x 4096 35.9 -> 34.8
 #:   (33.8), x 8192 68.8 -> 68.3 (66.7 liger); rms_norm x 4096 lost (17.0 -> 18.3: half-row
 #:   chunks of 2048), hence 8192 rows there.
+#: ``const_width``: the width and packed strides compiled in (RowConfig.const_width), as Inductor's
+#: code has them. H200 sweep 2026-12-03 (``70e2611`` with the compiled-width kernel), bf16, runtime -> compiled
+#: width (compile): fused add 4096 x 4096 35.23 -> 34.76 (34.06), x 8192 68.49 -> 67.20 (66.43);
+#: gemma fused add 4096 x 8192 68.98 -> 66.80 (66.29); rms_norm / gemma 4096 x 8192 34.50 / 34.98 ->
+#: 34.00 / 34.35 (34.10 / 34.86); 32768 rows within 0.5% either way but gemma x 8192 (253.68 ->
+#: 250.48) and its fused add (509.32 -> 513.59).
+#: ``decode_min_rows`` (no residual): within the decode class (<= 256 rows), more rows than this
+#: take the looped kernel with the whole row as its chunk (the entry of the largest width not above
+#: the row's; 8192: 256 keeps those rows on the single tile). Same sweep, 256 x 4096, single tile
+#: -> looped (compile): rms_norm 2.71 -> 2.53-2.74 (2.69), gemma 2.79 -> 2.53 (2.66), fused gated
+#: 3.44 -> 3.13 (3.68); a scratch run the same day: rms_norm 2.64 -> 2.50 (2.50). Where it lost:
+#: 16 x 4096 (1.68 -> 1.76), 256 x 8192 (3.69 -> 3.95); 17-255 rows were not measured.
+#: ``residual_lanes_per_warp``: the fused adds' lanes per warp by width (the default elsewhere).
+#: Same sweep, x 8192, 16 -> 32 warps (compile): fused add 4096 / 32768 rows 67.20 / 511.65 ->
+#: 66.34 / 502.32 (66.43 / 503.52), gemma's 66.80 / 513.59 -> 66.49 / 503.98 (66.29 / 504.57).
 RMS_LOOPED: dict[str, dict[str, Any]] = {
     "cuda": {"min_rows": {4096: 8192, 8192: 2048}, "residual_min_rows": {4096: 2048}, "max_chunk": 4096,
-             "lanes_per_warp": 256},
+             "lanes_per_warp": 256, "const_width": True, "decode_min_rows": {4096: 128, 8192: 256},
+             "residual_lanes_per_warp": {8192: 128}},
 }
 #: Per-variant changes to the row-norm picks above (``variant`` of rms_config: "rms" the RMSNorm
 #: family, "layer" the layer norms, "gated" the fused gated norms). H200 sweep 2026-12-02, bf16,
@@ -192,7 +211,7 @@ RMS_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "layer": {"looped": None, "mid_block_m": 2},
         "gated": {"decode_warps": {4096: 16}, "evict_max_rows": 256,
                   "looped": {"min_rows": {8192: 2048}, "max_chunk": 2048, "max_residual_chunk": 4096,
-                             "lanes_per_warp": 256}},
+                             "lanes_per_warp": 256, "const_width": True, "decode_min_rows": {4096: 128, 8192: 256}}},
     },
 }
 
@@ -335,10 +354,8 @@ def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int, residual: bool = 
     width = next_pow2(n_cols)
     changes = _table(RMS_VARIANTS, kind)[variant]
     looped = changes.get("looped", _table(RMS_LOOPED, kind))
-    if looped and n_rows > _looped_min_rows(looped, width, residual):
-        chunk = min(width, looped.get("max_residual_chunk", looped["max_chunk"])) if residual else \
-            min(width // 2, looped["max_chunk"])
-        return RowConfig(1, chunk, _warps(kind, max(1, chunk // looped["lanes_per_warp"])), False)
+    if looped and (cfg := _looped_config(kind, looped, n_rows, width, residual)):
+        return cfg
     for max_rows, max_width, block_m, warps, per_sm in _table(RMS_TABLE, kind):
         if n_rows <= max_rows and width <= max_width:
             if max_rows <= 256:
@@ -356,11 +373,33 @@ def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int, residual: bool = 
     return RowConfig(1, chunk, _warps(kind, warps), False)
 
 
+def _looped_config(kind: str, looped: dict[str, Any], n_rows: int, width: int, residual: bool) -> RowConfig | None:
+    """The looped kernel's config where ``looped`` (RMS_LOOPED or a variant's) sends rows of
+    ``width`` padded lanes to it; None where they keep the single tile."""
+    decode_min_rows = _by_width(looped.get("decode_min_rows", {}), width, math.inf)
+    if not residual and decode_min_rows < n_rows <= 256:  # 256: RMS_TABLE's decode class
+        chunk = width
+    elif n_rows > _looped_min_rows(looped, width, residual):
+        chunk = min(width, looped.get("max_residual_chunk", looped["max_chunk"])) if residual else \
+            min(width // 2, looped["max_chunk"])
+    else:
+        return None
+    lanes = looped["lanes_per_warp"]
+    if residual:
+        lanes = _by_width(looped.get("residual_lanes_per_warp", {}), width, lanes)
+    return RowConfig(1, chunk, _warps(kind, max(1, chunk // lanes)), False, const_width=looped.get("const_width", False))
+
+
 def _looped_min_rows(looped: dict[str, Any], width: int, residual: bool) -> float:
     """Above how many rows a row of ``width`` padded lanes takes the looped kernel (RMS_LOOPED)."""
     by_width = looped.get("residual_min_rows", looped["min_rows"]) if residual else looped["min_rows"]
+    return _by_width(by_width, width, math.inf)
+
+
+def _by_width(by_width: dict[int, Any], width: int, default: Any) -> Any:
+    """The entry of the largest width not above ``width``; ``default`` when there is none."""
     fitting = [w for w in by_width if w <= width]
-    return by_width[max(fitting)] if fitting else math.inf
+    return by_width[max(fitting)] if fitting else default
 
 
 def row_grid(device: torch.device, cfg: RowConfig, n_rows: int) -> tuple[tuple[int], int]:
@@ -540,7 +579,13 @@ SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
     # the looped kernel (Inductor's form for every size: pass 1 reads the row in chunks, keeping
     # it in L2, pass 2 re-reads it from there and writes), by chunk and warps
     + tuple({"single_tile": False, "block_n": n, "num_warps": w, "_tokens": (16, _INF)}
-            for n, w in ((512, 4), (1024, 4), (1024, 8), (2048, 4), (2048, 8), (4096, 8), (4096, 16))),
+            for n, w in ((512, 4), (1024, 4), (1024, 8), (2048, 4), (2048, 8), (4096, 8), (4096, 16)))
+    # and with the width compiled in (RowConfig.const_width), and the looped picks without it
+    + tuple({"single_tile": False, "block_n": n, "num_warps": w, "const_width": True, "_tokens": (16, _INF)}
+            for n, w in ((2048, 8), (2048, 16), (4096, 8), (4096, 16)))
+    + ({"single_tile": False, "block_n": 8192, "num_warps": 16, "const_width": True, "_tokens": (16, _INF),
+        "_width": (8192, _INF)},)
+    + ({"const_width": False, "_tokens": (2049, _INF)},),
     "rotary": ({"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16}, {"min_splits": 2}),
     "group": tuple({"block_m": m, "num_warps": w} for m, w in ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8))),
 }

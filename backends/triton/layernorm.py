@@ -181,29 +181,37 @@ def _norm_block(
 def _norm_looped_row(
     x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, n_cols, x_stride, res_stride, out_stride, g_stride,
     ro_stride, eps, KIND: tl.constexpr, GATE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr,
 ):
     """One row per program, in BLOCK_N chunks. Pass 1 reads the row (kept in L2) for its
     statistics: the sum of squares (RMS kinds) or, for the layer norms, a per-lane Welford mean
     and M2 (every lane but the last chunk's tail sees every chunk, so one running count serves
     them all), merged across lanes at the end. Pass 2 re-reads it from L2 and writes; an in-place
-    residual is rewritten only there, chunk by chunk, after being read."""
+    residual is rewritten only there, chunk by chunk, after being read. WIDTH > 0: n_cols, with
+    every tensor's rows packed (strides n_cols), as compile-time constants, as in Inductor's code
+    for one shape: constant loop bounds and offsets, and no bounds checks when BLOCK_N divides it."""
     X_DTYPE = x_ptr.dtype.element_ty
     W_DTYPE = w_ptr.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
-    x_row, r_row, o_row = x_ptr + row * x_stride, res_ptr + row * res_stride, out_ptr + row * out_stride
-    g_row, ro_row = g_ptr + row * g_stride, ro_ptr + row * ro_stride
+    if WIDTH > 0:
+        width: tl.constexpr = WIDTH
+        x_row, r_row, o_row = x_ptr + row * WIDTH, res_ptr + row * WIDTH, out_ptr + row * WIDTH
+        g_row, ro_row = g_ptr + row * WIDTH, ro_ptr + row * WIDTH
+    else:
+        width = n_cols
+        x_row, r_row, o_row = x_ptr + row * x_stride, res_ptr + row * res_stride, out_ptr + row * out_stride
+        g_row, ro_row = g_ptr + row * g_stride, ro_ptr + row * ro_stride
+    MASKED: tl.constexpr = WIDTH == 0 or WIDTH % BLOCK_N != 0
     lanes = tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)  # sum of squares, or Welford's M2
     lane_mean = tl.zeros([BLOCK_N], dtype=tl.float32)
     seen = 0.0
-    for start in range(0, n_cols, BLOCK_N):
+    for start in range(0, width, BLOCK_N):
         cols = start + lanes
-        mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        mask = cols < width
+        x = _load(x_row + cols, mask, MASKED, "evict_last").to(tl.float32)
         if HAS_RESIDUAL:
-            x = _add_residual(x, tl.load(r_row + cols, mask=mask, other=0.0, eviction_policy="evict_last"),
-                              X_DTYPE, KIND)
+            x = _add_residual(x, _load(r_row + cols, mask, MASKED, "evict_last"), X_DTYPE, KIND)
         if KIND >= LAYER:
             seen += 1.0
             delta = x - lane_mean
@@ -213,28 +221,27 @@ def _norm_looped_row(
             acc += x * x
     mean = 0.0
     if KIND >= LAYER:
-        count = ((n_cols // BLOCK_N) + (lanes < n_cols % BLOCK_N).to(tl.int32)).to(tl.float32)
-        mean = tl.sum(count * lane_mean, axis=0) / n_cols
+        count = ((width // BLOCK_N) + (lanes < width % BLOCK_N).to(tl.int32)).to(tl.float32)
+        mean = tl.sum(count * lane_mean, axis=0) / width
         spread = lane_mean - mean
         acc += count * spread * spread
-    rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
-    for start in range(0, n_cols, BLOCK_N):
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / width + eps)
+    for start in range(0, width, BLOCK_N):
         cols = start + lanes
-        mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        mask = cols < width
+        x = _load(x_row + cols, mask, MASKED, "evict_first").to(tl.float32)
         g = 0.0
         if GATE != NO_GATE:
-            g = tl.load(g_row + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+            g = _load(g_row + cols, mask, MASKED, "evict_first")
         if HAS_RESIDUAL:
-            x = _add_residual(x, tl.load(r_row + cols, mask=mask, other=0.0, eviction_policy="evict_first"),
-                              X_DTYPE, KIND)
-            tl.store(ro_row + cols, _residual_out(x, X_DTYPE, ro_ptr.dtype.element_ty, KIND), mask=mask)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last") if HAS_WEIGHT else 0.0
+            x = _add_residual(x, _load(r_row + cols, mask, MASKED, "evict_first"), X_DTYPE, KIND)
+            _store(ro_row + cols, _residual_out(x, X_DTYPE, ro_ptr.dtype.element_ty, KIND), mask, MASKED)
+        w = _load(w_ptr + cols, mask, MASKED, "evict_last") if HAS_WEIGHT else 0.0
         y = _weighted((x - mean) * rstd, w, W_DTYPE, HAS_WEIGHT, KIND)
         if HAS_BIAS:
-            y = y + tl.load(b_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            y = y + _load(b_ptr + cols, mask, MASKED, "evict_last").to(tl.float32)
         y = _gated_out(y, g, GATE)
-        tl.store(o_row + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+        _store(o_row + cols, y.to(out_ptr.dtype.element_ty), mask, MASKED)
 
 
 @triton.jit
@@ -245,7 +252,7 @@ def _norm_kernel(
     SINGLE_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
     PERSISTENT: tl.constexpr = False, ROW_MASK: tl.constexpr = 2, EVEN_N: tl.constexpr = False,
     INT64: tl.constexpr = True, W_FIRST: tl.constexpr = False, POLICY: tl.constexpr = "evict_first",
-    GATE: tl.constexpr = 0,
+    GATE: tl.constexpr = 0, WIDTH: tl.constexpr = 0,
 ):
     """The row norms (KIND: RMS, GEMMA, RMS_FP32, LAYER, NEMOTRON; GATE: times silu / sigmoid
     of g after the norm). x + residual is stored into ro (the residual itself for the in-place
@@ -283,7 +290,8 @@ def _norm_kernel(
                         HAS_BIAS, BLOCK_M, BLOCK_N, ROW_MASK == 2, not EVEN_N, INT64, W_FIRST, POLICY)
     else:
         _norm_looped_row(x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, n_cols, x_stride, res_stride,
-                         out_stride, g_stride, ro_stride, eps, KIND, GATE, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N)
+                         out_stride, g_stride, ro_stride, eps, KIND, GATE, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N,
+                         WIDTH)
 
 
 # ---- launchers --------------------------------------------------------------------------------
@@ -312,6 +320,8 @@ def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     blocks = triton.cdiv(n_rows, block_m)
     row_mask = 2 if not cfg.even else (0 if n_rows % block_m == 0 else 1)
     int64 = not (cfg.int32 and cfg.single_tile and _offsets_fit(blocks * block_m, cfg.block_n, strides))
+    packed = all(stride == n_cols for stride in strides)
+    width = n_cols if cfg.const_width and not cfg.single_tile and packed else 0
     with device_guard(x.device):
         _norm_kernel[grid](
             x, res, out, w, b, g, ro, n_rows, n_cols, *strides, eps,
@@ -319,7 +329,7 @@ def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
             HAS_BIAS=bias is not None, SINGLE_TILE=cfg.single_tile, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
             STAGES=stages, PERSISTENT=grid[0] < blocks, ROW_MASK=row_mask,
             EVEN_N=cfg.even and cfg.block_n == n_cols, INT64=int64, W_FIRST=cfg.w_first,
-            POLICY="evict_first" if cfg.evict else "", GATE=gate_kind.value, **cfg.launch_options)
+            POLICY="evict_first" if cfg.evict else "", GATE=gate_kind.value, WIDTH=width, **cfg.launch_options)
 
 
 def _offsets_fit(rows: int, width: int, strides: tuple[int, ...]) -> bool:

@@ -83,6 +83,11 @@ def cases():
     yield "fused_add persistent 4096", k, _norm_sig(), _norm_const(res=True, bn=4096, stages=2), 8, ALIGNED_NORM
     yield "fused_add fp32 4096", k, _norm_sig(x="*fp32", w="*fp32"), _norm_const(res=True, bn=4096), 8, ALIGNED_NORM
     yield "fused_add looped", k, _norm_sig(), _norm_const(res=True, single=False), 16, ALIGNED_NORM
+    # the looped kernel with the width compiled in (RowConfig.const_width): chunks that divide it
+    yield "rms_norm looped const width", k, _norm_sig(), {**_norm_const(single=False, bn=4096), "WIDTH": 8192}, 16, \
+        ALIGNED_NORM
+    yield "fused_add looped const width", k, _norm_sig(), {**_norm_const(res=True, single=False, bn=4096), "WIDTH": 4096}, \
+        16, ALIGNED_NORM
     yield "gemma 8192", k, _norm_sig(w="*fp32"), _norm_const(gemma=True), 16, ALIGNED_NORM
     yield "gemma fused_add", k, _norm_sig(), _norm_const(res=True, gemma=True), 16, ALIGNED_NORM
     # the code-generation knobs (RowConfig even / int32 / w_first / evict) and the warps the rms

@@ -262,16 +262,27 @@ def test_rms_size_classes_and_sweep_filters():
     assert _tuning._rms_config("hip", 304, 256, 8192, True).num_warps == 8
     assert _tuning._rms_config("cuda", 132, 257, 8192, True).num_warps == 16  # mid sizes: the table's
     assert not _tuning._rms_config("cuda", 132, 16, 65536).single_tile
-    # prefill sizes (RMS_LOOPED): the looped kernel, half-row chunks (the row with a residual)
-    assert _tuning._rms_config("cuda", 132, 32768, 4096) == _tuning.RowConfig(1, 2048, 8, False)
-    assert _tuning._rms_config("cuda", 132, 32768, 4096, True) == _tuning.RowConfig(1, 4096, 16, False)
-    assert _tuning._rms_config("cuda", 132, 32768, 8192) == _tuning.RowConfig(1, 4096, 16, False)
-    assert _tuning._rms_config("cuda", 132, 32768, 5120, True) == _tuning.RowConfig(1, 4096, 16, False)
+    # prefill sizes (RMS_LOOPED): the looped kernel, half-row chunks (the row with a residual),
+    # the width compiled in
+    assert _tuning._rms_config("cuda", 132, 32768, 4096) == _tuning.RowConfig(1, 2048, 8, False, const_width=True)
+    assert _tuning._rms_config("cuda", 132, 32768, 4096, True) == _tuning.RowConfig(1, 4096, 16, False, const_width=True)
+    assert _tuning._rms_config("cuda", 132, 32768, 8192) == _tuning.RowConfig(1, 4096, 16, False, const_width=True)
+    # the fused adds at 8192 lanes: 128 lanes per warp (residual_lanes_per_warp)
+    assert _tuning._rms_config("cuda", 132, 32768, 5120, True) == _tuning.RowConfig(1, 4096, 32, False, const_width=True)
+    # decode_min_rows: 129-256 rows of 4096 lanes without a residual loop over the whole row
+    assert _tuning._rms_config("cuda", 132, 256, 4096) == _tuning.RowConfig(1, 4096, 16, False, const_width=True)
+    assert _tuning._rms_config("cuda", 132, 129, 4096, variant="gated") == _tuning.RowConfig(1, 4096, 16, False,
+                                                                                             const_width=True)
+    assert _tuning._rms_config("cuda", 132, 128, 4096).single_tile
+    assert _tuning._rms_config("cuda", 132, 256, 4096, True).single_tile
+    assert _tuning._rms_config("cuda", 132, 256, 8192).single_tile
+    assert _tuning._rms_config("cuda", 132, 256, 2048).single_tile
+    assert _tuning._rms_config("cuda", 132, 256, 4096, variant="layer").single_tile
     assert _tuning._rms_config("cuda", 132, 8192, 4096).single_tile  # mid sizes keep the single tile
     assert _tuning._rms_config("cuda", 132, 32768, 2048).single_tile  # narrower rows: not measured
     # from 2048 rows: 8192+ lanes, and 4096+ lanes with a residual (RMS_LOOPED's min_rows by width)
-    assert _tuning._rms_config("cuda", 132, 4096, 8192) == _tuning.RowConfig(1, 4096, 16, False)
-    assert _tuning._rms_config("cuda", 132, 4096, 4096, True) == _tuning.RowConfig(1, 4096, 16, False)
+    assert _tuning._rms_config("cuda", 132, 4096, 8192) == _tuning.RowConfig(1, 4096, 16, False, const_width=True)
+    assert _tuning._rms_config("cuda", 132, 4096, 4096, True) == _tuning.RowConfig(1, 4096, 16, False, const_width=True)
     assert _tuning._rms_config("cuda", 132, 4096, 4096).single_tile
     assert _tuning._rms_config("cuda", 132, 2048, 8192).single_tile
     assert _tuning._rms_config("cuda", 132, 4096, 2048, True).single_tile
@@ -282,8 +293,8 @@ def test_rms_size_classes_and_sweep_filters():
     assert _tuning._rms_config("cuda", 132, 16, 8192, variant="layer").block_m == 1
     assert _tuning._rms_config("cuda", 132, 16, 4096, variant="gated").num_warps == 16
     assert _tuning._rms_config("cuda", 132, 16, 4096).num_warps == 8
-    assert _tuning._rms_config("cuda", 132, 4096, 8192, variant="gated") == _tuning.RowConfig(1, 2048, 8, False)
-    assert _tuning._rms_config("cuda", 132, 4096, 8192, True, "gated") == _tuning.RowConfig(1, 4096, 16, False)
+    assert _tuning._rms_config("cuda", 132, 4096, 8192, variant="gated") == _tuning.RowConfig(1, 2048, 8, False, const_width=True)
+    assert _tuning._rms_config("cuda", 132, 4096, 8192, True, "gated") == _tuning.RowConfig(1, 4096, 16, False, const_width=True)
     assert _tuning._rms_config("cuda", 132, 4096, 4096, variant="gated").single_tile
     assert not _tuning._rms_config("cuda", 132, 4096, 4096, variant="gated").evict
     assert _tuning._rms_config("cuda", 132, 256, 4096, variant="gated").evict
@@ -325,6 +336,38 @@ def test_layer_norm_looped_variant(dtype, offset, width, poison_empty):
     assert_close(r, want_res.to(dtype), dtype)
 
 
+_CONST_WIDTH = _tuning.RowConfig(1, 1024, 4, False, const_width=True)
+
+
+@pytest.mark.parametrize("width", [1024, 2048, 4231], ids=lambda w: f"w{w}")
+@pytest.mark.parametrize("kind", list(_KINDS.values()), ids=list(_KINDS))
+def test_looped_const_width(kind, width, monkeypatch, poison_empty):
+    """RowConfig.const_width: the looped kernel with the width and the packed strides compiled
+    in (no bounds checks where the 1024-lane chunk divides the width, checks on 4231), for every
+    norm kind, the norm and the fused add against the float64 references; rows that are not
+    packed (a view of wider rows) keep the runtime width."""
+    spy = _LaunchSpy(norm._norm_kernel)
+    monkeypatch.setattr(norm, "_norm_kernel", spy)
+    dtype = torch.bfloat16
+    layer = kind in (norm.LAYER, norm.NEMOTRON)
+    x, r = _x((3, width), dtype, 2.0, 1.0 if layer else 0.0), _x((3, width), dtype, 2.0)
+    w = _x((width,), dtype, 0.5, 0.0 if kind in (norm.GEMMA, norm.NEMOTRON) else 1.0)
+    b = _x((width,), dtype, 0.5) if layer else None
+    want, (want_out, want_res) = _kind_refs(kind, x, r, w, b)
+    view = _x((3, width + 64), dtype, 2.0, 1.0 if layer else 0.0)[:, :width]
+    want_view, _ = _kind_refs(kind, view, r, w, b)
+    out = torch.full_like(x, float("nan"))
+    norm._norm(x, None, w, EPS, out, kind, config=_CONST_WIDTH, bias=b)
+    assert_close(out, want.to(dtype), dtype)
+    norm._norm(x, r, w, EPS, x, norm.NEMOTRON if layer else kind, config=_CONST_WIDTH, bias=b)
+    assert_close(x, want_out.to(dtype), dtype)
+    assert_close(r, want_res.to(dtype), dtype)
+    out_view = torch.full_like(view, float("nan"))
+    norm._norm(view, None, w, EPS, out_view, kind, config=_CONST_WIDTH, bias=b)
+    assert_close(out_view, want_view.to(dtype), dtype)
+    assert [launch["WIDTH"] for launch in spy.launches] == [width, width, 0]
+
+
 def test_nemotron_fused_add_on_strided_views_leaves_padding_alone():
     hidden, pad = 100, 28
     xbuf, rbuf = torch.full((9, hidden + pad), float("nan")), torch.full((9, hidden + pad), float("nan"))
@@ -339,7 +382,9 @@ def test_nemotron_fused_add_on_strided_views_leaves_padding_alone():
     assert xbuf[:, hidden:].isnan().all() and rbuf[:, :pad].isnan().all()
 
 
-@pytest.mark.parametrize("config", [None, _tuning.RowConfig(1, 64, 4, False)], ids=["tile", "looped"])
+@pytest.mark.parametrize("config", [None, _tuning.RowConfig(1, 64, 4, False),
+                                    _tuning.RowConfig(1, 64, 4, False, const_width=True)],
+                         ids=["tile", "looped", "looped-const-width"])
 def test_fused_rms_norm_gated_variants(config, poison_empty):
     """No weight, a transposed (copied) gate, an fp32 residual (its sum kept in fp32)."""
     x, w = _x((5, 300), torch.bfloat16, 2.0), _x((300,), torch.bfloat16, 0.5, 1.0)
