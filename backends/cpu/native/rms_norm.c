@@ -127,11 +127,7 @@ INLINE int run(int dt, int round_y, const uint16_t *x, int64_t x_stride, const u
     }
     /* a thread per 32K elements at most (ATen's grain): below ~8x4096 a second thread's start
      * and join cost more than it saves (measured 2.2 vs 4.2 us at 2x4096, 6.2 vs 6.3 at 8x4096) */
-    int64_t most = rows * n / 32768;
-    if (threads > most)
-        threads = most > 1 ? (int)most : 1;
-    if (threads > rows)
-        threads = (int)rows;
+    threads = threads_for(threads, rows, rows * n, 32768);
     int failed = 0;
 #pragma omp parallel num_threads(threads > 1 ? threads : 1) if (threads > 1) reduction(| : failed)
     {

@@ -138,11 +138,7 @@ INLINE int run(int dt, const void *x, int64_t x_stride, const void *z, int64_t z
     int64_t size = element_size(dt);
     /* a thread per 16K elements at most: the exp makes a row ~3x RMSNorm's work, so a second
      * thread pays from about half RMSNorm's 32K */
-    int64_t most = rows * n / 16384;
-    if (threads > most)
-        threads = most > 1 ? (int)most : 1;
-    if (threads > rows)
-        threads = (int)rows;
+    threads = threads_for(threads, rows, rows * n, 16384);
     int failed = 0;
 #pragma omp parallel num_threads(threads > 1 ? threads : 1) if (threads > 1) reduction(| : failed)
     {
