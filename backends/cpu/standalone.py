@@ -25,9 +25,13 @@ per-group quant, else 1: indexing by ``quantum * w`` rather than dividing the wi
 quant 1.7-2.4x faster). After the trace and again after Inductor's compile, every guard in ``w``
 is kept (``standalone_compile.Widths``); each new width is checked once against them with its value substituted,
 for every sample row count where a guard names the rows too (``w >= 2`` always: a shape
-environment specialises 0 and 1), and the verdict is cached per width. A width that fails gets an
-artifact traced for that width alone (or the Dynamo path where that one is refused): never the
-shared artifact, so never a wrong result. Widths 0 and 1 are keyed by value.
+environment specialises 0 and 1), and the verdict is cached per width. A width that fails never
+gets the shared artifact, so never a wrong result: where only a guard excludes it (Inductor's
+fp32 sums are chunked above 4096 elements, decided by a guard on the width), a width-dynamic
+artifact of its class, traced at the first such width and shared by every later width it passes
+(``_width_class_artifact``); otherwise (not a multiple of the quantum, or below two of it) an
+artifact traced for that width alone, or the Dynamo path where that one is refused. Widths 0 and
+1 are keyed by value.
 
 Guards: what the artifact's code assumes, and whatever else Dynamo guards on that could change
 the result. Any failure returns None and the caller takes the Dynamo path, so a failed guard costs
@@ -185,11 +189,12 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
         out = art(*tensors)
     elif art.serves(hidden):
         out = art.fn(hidden // art.quantum, *tensors)  # the width symbol's value first
-    else:  # a width its guards exclude: an artifact of this width (static), never a wrong result
-        art = _artifact(fam, key + (hidden,), x, tensors, args, kwargs, False)
+    else:  # a width its guards exclude: the artifact of its width class (or of this width alone),
+        # never the shared one, so never a wrong result
+        art = _width_class_artifact(fam, tuple(key), hidden, art.quantum, x, tensors, args, kwargs)
         if art is None:
             return None
-        out = art(*tensors)
+        out = art.fn(hidden // art.quantum, *tensors) if type(art) is Widths else art(*tensors)
     if isinstance(out, list):
         out = tuple(out)
     if two_d:
@@ -346,6 +351,37 @@ def _artifact(fam: Family, key: tuple[Any, ...], x: torch.Tensor, tensors: list[
         art = fam.artifacts[key] = _build(fam, x, tensors, args, kwargs or {}, dynamic_hidden)
     except TypeError:
         return None
+    return art
+
+
+_CLASSES = object()  # marks a key's list of width-class artifacts (``_width_class_artifact``)
+
+
+def _width_class_artifact(fam: Family, key: tuple[Any, ...], hidden: int, quantum: int, x: torch.Tensor,
+                          tensors: list[torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
+    """For a width the key's first width-dynamic artifact excludes, kept per width: where the
+    width is one the symbol can take (a multiple of ``quantum``, at least 2 of it) and only a
+    guard excludes it, the width-dynamic artifact among those traced at such widths whose guards
+    pass it, else one traced at this width; otherwise, or where that build fails, an artifact of
+    this width alone (static), as for every excluded width before (None: building failed,
+    Dynamo's path). Inductor splits some graphs in width classes (an fp32 sum over more than
+    4096 elements is chunked, decided by a guard on the width: gelu_and_mul_sparse's row
+    statistics), so a width of the other class shares one artifact with its class (which warm-up
+    can build) instead of compiling one per width."""
+    per_width = key + (hidden,)
+    if per_width in fam.artifacts:
+        return fam.artifacts[per_width]
+    art = None
+    if hidden % quantum == 0 and hidden // quantum >= 2:
+        classes = fam.artifacts.setdefault(key + (_CLASSES,), [])
+        art = next((c for c in classes if c.serves(hidden)), None)
+        if art is None:
+            art = _build(fam, x, tensors, args, kwargs or {}, True)
+            if art is not None:
+                classes.append(art)
+    if art is None:
+        art = _build(fam, x, tensors, args, kwargs or {}, False)
+    fam.artifacts[per_width] = art
     return art
 
 

@@ -22,7 +22,8 @@ class Widths:
     """A width-dynamic artifact and the width guards its trace and compile recorded (e.g. the
     gated split's ``Eq(w // 2, w - w // 2)``, per-group quant's ``Eq(Mod(w, 128), 0)`` and
     ``w > 128``), checked once per new width with the width substituted (``_holds``); the
-    verdict is kept per width. A width that fails gets an artifact of its own (static width).
+    verdict is kept per width. A width that fails gets the artifact of its width class, or one
+    of its own (``standalone._width_class_artifact``).
     ``quantum``: the width was traced as ``quantum`` x a symbol, whose value (``width //
     quantum``) the artifact takes as its first argument."""
 

@@ -188,6 +188,14 @@ def _below_threshold(tiers: CpuTiers, x: torch.Tensor) -> bool:
 _is_compiling = torch.compiler.is_compiling
 
 
+def is_warming_up() -> bool:
+    """Whether the call runs inside ``warming_up()``: an op that splits its sizes between two
+    ``run_tiered`` calls (two compiled forms) makes both there, so that warm-up builds either's
+    artifacts. False inside a caller's ``torch.compile`` (which runs the spec, and whose Dynamo
+    cannot trace ``ContextVar.get``)."""
+    return not _is_compiling() and _WARMING_UP.get()
+
+
 def has_neg_bit(values: Iterable[Any]) -> bool:
     """Whether a tensor among ``values`` carries the lazy negation bit (``torch._neg_view``, the
     real view of a conjugate): torch.compile (2.13) reads such inputs without the negation, so

@@ -12,6 +12,7 @@ The math itself (the spec) is in ``customop/math/activation.py`` and re-exported
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from customop.backends.cpu import CpuTiers, eager, run_tiered
+from customop.backends.cpu.tiering import is_warming_up
 from customop.custom_op import CustomOp
 from customop.math.activation import (  # noqa: F401  (the spec, re-exported here)
     fatrelu_and_mul, gelu, gelu_and_mul, gelu_and_mul_sparse, gelu_fast, gelu_new, gelu_tanh, mul_and_silu,
@@ -233,6 +235,38 @@ def gelu_and_mul_sparse_two_pass(x: torch.Tensor, std_multiplier: float, approxi
     return F.gelu(F.relu(a - (mean + std * std_multiplier)), approximate=approximate) * x[..., d:]
 
 
+def gelu_and_mul_sparse_rounded_statistics(x: torch.Tensor, std_multiplier: float,
+                                           approximate: str = "none") -> torch.Tensor:
+    """``gelu_and_mul_sparse`` with the row mean and std computed in fp32 (two passes) and rounded
+    to x's dtype, as the spec's ``mean`` and ``std`` return them: the CPU path's form for bf16/fp16
+    below the compile threshold, compiled with ``emulate_precision_casts`` (Inductor then rounds
+    every bf16/fp16 step where eager does). Bitwise the spec on every input measured (1-15 rows,
+    1K-16K elements, bf16), where the main compiled form (fp32 statistics, one rounding) moves
+    outputs near the cutoff by more than the spec's own tolerance (``customop check``: 0.03 at one
+    of 1211 bf16 elements), which is what kept these sizes eager: 0.37-0.72x torch.compile. The
+    statistics differ from ATen's only in the fp32 summation order, which their rounding to bf16
+    or fp16 hides except at a rounding boundary."""
+    d = x.shape[-1] // 2
+    a = x[..., :d]
+    wide = a.float() if a.dtype.itemsize < 4 else a
+    mean = wide.mean(dim=-1, keepdim=True)
+    std = (wide - mean).square().mean(dim=-1, keepdim=True).sqrt()
+    cutoff = mean.to(x.dtype) + std.to(x.dtype) * std_multiplier
+    return F.gelu(F.relu(a - cutoff), approximate=approximate) * x[..., d:]
+
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+#: id(tiers) -> (tiers, the same with ``emulate_casts``): the band's tiers for bf16/fp16
+_ROUNDING_TIERS: dict[int, tuple[CpuTiers, CpuTiers]] = {}
+
+
+def _rounding_tiers(tiers: CpuTiers) -> CpuTiers:
+    hit = _ROUNDING_TIERS.get(id(tiers))
+    if hit is None or hit[0] is not tiers:
+        hit = _ROUNDING_TIERS[id(tiers)] = (tiers, dataclasses.replace(tiers, emulate_casts=True))
+    return hit[1]
+
+
 @CustomOp.register("gelu_and_mul_sparse")
 class GeluAndMulSparse(_Activation):
     """Gemma-3n's GeGLU that keeps only gate values above a per-row Gaussian percentile.
@@ -245,10 +279,14 @@ class GeluAndMulSparse(_Activation):
     gated = True
     # fp32 compiles from 2K (1.3x at 1x8192); bf16/fp16 keep 16K: there the compiled fp32 row
     # statistics move outputs near the cutoff beyond the tolerance against the bf16 spec
-    # (statistics). The width is dynamic on both routes (customop.warmup cannot know it); the row
-    # statistics' reduction code is the same through Dynamo and without it
-    # (backends/cpu/standalone.py), bitwise
-    cpu_tiers = _low_precision_from(STATS_KERNELS_MIN_NUMEL, MANY_KERNELS_MIN_NUMEL)
+    # (statistics). Below their thresholds every dtype compiles too (the small-size band, one
+    # thread up to 8K as for gelu_new): bf16/fp16 the spec's roundings
+    # (``gelu_and_mul_sparse_rounded_statistics``, emulated casts), fp32 and fp64 the main form.
+    # The width is dynamic on both routes (customop.warmup cannot know it); the row statistics'
+    # reduction code is the same through Dynamo and without it (backends/cpu/standalone.py), bitwise
+    cpu_tiers = CpuTiers(STATS_KERNELS_MIN_NUMEL, by_dtype={torch.bfloat16: MANY_KERNELS_MIN_NUMEL,
+                                                            torch.float16: MANY_KERNELS_MIN_NUMEL},
+                         compiled_up_to=MANY_KERNELS_MIN_NUMEL - 1, one_thread_up_to=1 << 13, standalone=True)
     repr_fields = ("activation_sparsity", "approximate")
 
     def __init__(self, activation_sparsity: float, approximate: str = "none", **kwargs: Any) -> None:
@@ -265,6 +303,41 @@ class GeluAndMulSparse(_Activation):
 
     def math_args(self) -> tuple[Any, ...]:
         return (self._std_multiplier, self.approximate)
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        _check_input(self.name, x, gated=True, dtypes=_CPU_DTYPES, contiguous=False)
+        out = self._tiered(x)
+        if is_warming_up() and x.numel():
+            self._tiered(_of_the_other_width_class(x))
+        return out
+
+    def _tiered(self, x: torch.Tensor) -> torch.Tensor:
+        """bf16/fp16 below the threshold: the rounded-statistics form (emulated casts); else the
+        main form. Warm-up runs both, so that it builds either's artifacts."""
+        tiers, args = self.cpu_tiers, self.math_args()
+        if x.dtype in _LOW_PRECISION and tiers.compiled_up_to:
+            warming = is_warming_up()
+            if warming or x.numel() < tiers.compile_from(x.dtype):
+                out = run_tiered(_rounding_tiers(tiers), gelu_and_mul_sparse, x, *args,
+                                 compiled_spec=gelu_and_mul_sparse_rounded_statistics)
+                if not warming:
+                    return out
+        return run_tiered(tiers, gelu_and_mul_sparse, x, *args, compiled_spec=self.compiled_fn)
+
+
+#: Inductor sums fp32 over more than 4096 elements in 4096-element chunks (``CascadeSumHelper``),
+#: and decides that with a guard on the width: each width-dynamic artifact of the sparse op's forms
+#: (their row sums) serves output widths up to 4096 or above it, not both; a width of the other
+#: class compiled an artifact of its own on its first request (Gemma-3n's 16384 after warm-up's 256).
+_CASCADE_CHUNK = 4096
+
+
+def _of_the_other_width_class(x: torch.Tensor) -> torch.Tensor:
+    """A warm-up input for the sparse op's other width class: output width 64 or 4097, one row
+    or two (the artifacts' two row classes), x's dtype."""
+    other = 64 if x.shape[-1] // 2 > _CASCADE_CHUNK else _CASCADE_CHUNK + 1
+    rows = 1 if x.numel() == x.shape[-1] else 2
+    return torch.randn(rows, 2 * other).to(x.dtype)
 
 
 @CustomOp.register("fatrelu_and_mul")

@@ -101,3 +101,134 @@ def test_rows_whose_mean_dwarfs_their_spread(dtype):
     atol, rtol = tolerance(dtype)
     assert_close(out, want, dtype, atol=atol + cancellation, rtol=rtol, what="gates of mean 1000")
     assert out.count_nonzero() > 0  # the 95th percentile cutoff keeps ~5% of the gates
+
+
+# ---- the small-size band: every size compiles; bf16/fp16 with the spec's roundings -------------
+
+
+def shipped_op(label):
+    with use_config(Config(custom_ops=["all"])):
+        return ACT[label].build()
+
+
+def _recording(monkeypatch):
+    """(x's shape, the form, thread option, emulated casts) of every ``standalone.run`` call."""
+    taken, real_run = [], standalone.run
+
+    def recording_run(fam, x, *args, **kwargs):
+        taken.append((tuple(x.shape), fam.form.__name__, fam.options.get("cpp.threads", -1),
+                      bool(fam.options.get("emulate_precision_casts"))))
+        return real_run(fam, x, *args, **kwargs)
+
+    monkeypatch.setattr(standalone, "run", recording_run)
+    return taken
+
+
+def test_band_wiring():
+    tiers = A.GeluAndMulSparse.cpu_tiers
+    assert tiers.compile_from(torch.bfloat16) == tiers.compile_from(torch.float16) == 1 << 14
+    assert tiers.compile_from(torch.float32) == tiers.compile_from(torch.float64) == 1 << 11
+    assert tiers.compiled_up_to == (1 << 14) - 1 and tiers.one_thread_up_to == 1 << 13 and tiers.standalone
+    assert all(tiers.runs_compiled(n, dt) for n in (1, 2047, 2048, (1 << 14) - 1, 1 << 14) for dt in DTYPES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_low_precision_band_is_bitwise_the_spec(dtype, monkeypatch):
+    """bf16/fp16 below 16K elements: the rounded-statistics form with emulated casts, bitwise
+    ``forward_native`` on fresh inputs (1-15 rows, odd widths, both cases' multipliers and GELU
+    forms), the one-thread artifacts up to 8K elements and the threaded ones above, no Dynamo
+    graph; at 16K the main (two-pass) form, within the spec's tolerance."""
+    taken = _recording(monkeypatch)
+    gen = torch.Generator().manual_seed(7)
+    before = graphs()
+    for label in LABELS:
+        case, op = ACT[label], shipped_op(label)
+        with torch.no_grad():
+            for rows, width in ((1, 3), (1, 4095), (3, 1365), (2, 2048), (2, 2049), (15, 545), (1, 8191)):
+                x = case.input((rows, 2 * width), dtype, generator=gen)
+                out = op.forward_cpu(x)
+                assert torch.equal(out, op.forward_native(x)), (label, rows, width)
+                act_ref.assert_matches(case, op, x, out, spec_rounding=True)
+            x = case.input((1, 2 * 8192), dtype, generator=gen)  # 16K elements: the threshold
+            act_ref.assert_matches(case, op, x, op.forward_cpu(x), spec_rounding=True)
+    assert graphs() == before
+    band = [(s, "gelu_and_mul_sparse_rounded_statistics", 1 if s[0] * s[1] <= 1 << 13 else -1, True)
+            for s in ((1, 6), (1, 8190), (3, 2730), (2, 4096), (2, 4098), (15, 1090), (1, 16382))]
+    main = [((1, 16384), "gelu_and_mul_sparse_two_pass", -1, False)]
+    assert taken == (band + main) * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_fp32_and_fp64_band_compile_the_main_form(dtype, monkeypatch):
+    """Below their 2K threshold fp32/fp64 run the two-pass form (no emulated casts: nothing to
+    round), within the float64 reference's tolerance, one thread up to 8K."""
+    taken = _recording(monkeypatch)
+    case, op = ACT[LABELS[0]], shipped_op(LABELS[0])
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for rows, width in ((1, 5), (3, 333), (1, 1023)):
+            x = case.input((rows, 2 * width), dtype, generator=gen)
+            act_ref.assert_matches(case, op, x, op.forward_cpu(x), spec_rounding=True, expected=expected(op, x))
+    assert [t[1:] for t in taken] == [("gelu_and_mul_sparse_two_pass", 1, False)] * 3
+
+
+def test_compile_off_keeps_the_eager_spec(monkeypatch):
+    """``compiling_from(inf)`` (tests, the benchmarks' eager-tier column): no band, the spec."""
+    taken = _recording(monkeypatch)
+    op = shipped_op(LABELS[0])
+    op.cpu_tiers = op.cpu_tiers.compiling_from(float("inf"))
+    x = ACT[LABELS[0]].input((3, 2 * 1000), torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(op.forward_cpu(x), op.forward_native(x))
+    assert not taken
+
+
+@pytest.mark.slow
+def test_warmup_builds_both_forms(monkeypatch):
+    """``customop.warmup`` at its defaults builds the band's (rounded statistics) and the main
+    form's artifacts, one row included, so that requests of any size compile nothing."""
+    import customop
+
+    op = shipped_op(LABELS[0])
+    rows = customop.warmup([op], dtypes=(torch.bfloat16, torch.float32))
+    assert rows and all(r.outcome == "ran" for r in rows)
+    before, built = graphs(), standalone.compiles
+    taken = _recording(monkeypatch)
+    case = ACT[LABELS[0]]
+    with torch.no_grad():
+        for dtype in (torch.bfloat16, torch.float32):
+            for rows_, width in ((1, 100), (1, 4000), (3, 2048), (1, 9000), (40, 1024), (2, 700)):
+                x = case.input((rows_, 2 * width), dtype)
+                act_ref.assert_matches(case, op, x, op.forward_cpu(x), spec_rounding=True)
+    assert graphs() == before and standalone.compiles == built
+    assert len(taken) == 12
+
+
+@pytest.mark.slow
+def test_width_classes_share_artifacts():
+    """Inductor chunks an fp32 sum over more than 4096 elements, guarding the width on it: the
+    sparse op's artifacts serve output widths up to 4096 or above. A width of the other class gets
+    a width-dynamic artifact of its class (``standalone._width_class_artifact``), which every later
+    width of that class shares: output widths 64 and 4096 one artifact, 4097, 9000 and 16384 one
+    more; both boundaries' sides within tolerance, bitwise the Dynamo path; no Dynamo graph."""
+    case = ACT[LABELS[0]]
+    op = compiled_op(LABELS[0])
+    dynamo = copy.copy(op)
+    dynamo.cpu_tiers = dataclasses.replace(op.cpu_tiers, standalone=False)
+    before, built = graphs(), standalone.compiles
+    got = []
+    with torch.no_grad():
+        for width, compiled in ((64, 1), (4096, 1), (4097, 2), (9000, 2), (16384, 2), (4095, 2)):
+            x = case.input((3, 2 * width), torch.float32)
+            out = op.forward_cpu(x)
+            act_ref.assert_matches(case, op, x, out, spec_rounding=True)
+            assert standalone.compiles - built == compiled, width
+            got.append((x, out))
+    assert graphs() == before
+    fam = standalone.family(A.gelu_and_mul_sparse_two_pass, {}, dynamic_hidden=True)
+    widths = [a for a in fam.artifacts.values() if isinstance(a, standalone.Widths)]
+    assert len({id(a) for a in widths}) == 2
+    with torch.no_grad():
+        for x, out in got:
+            assert torch.equal(out, dynamo.forward_cpu(x)), tuple(x.shape)
