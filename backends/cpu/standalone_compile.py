@@ -49,7 +49,11 @@ class Widths:
 
 def compile_graph(compile_fn: Callable[..., Any], form: Callable[..., Any], options: dict[str, Any],
              tensors: list[torch.Tensor], args: tuple[Any, ...],
-             kwargs: dict[str, Any] | None = None, dynamic_hidden: bool = False) -> Any:
+             kwargs: dict[str, Any] | None = None, dynamic_hidden: bool = False, aligned: int = 1) -> Any:
+    """``form``'s artifact for these inputs (a ``Widths`` with ``dynamic_hidden``), or None where
+    the route cannot take its graph. ``aligned`` (a power of two): where the width is a multiple
+    of it (at least two of it), the width is traced as ``aligned`` x a symbol at least (no
+    vector tails; such an artifact serves only multiples of it)."""
     hidden = tensors[0].shape[-1]  # (a 1-D x, run_tokens: its token count; static there)
     quantum = 1
     gm, mode, fakes = _trace(form, tensors, args, kwargs or {}, dynamic_hidden, 1)
@@ -58,6 +62,8 @@ def compile_graph(compile_fn: Callable[..., Any], form: Callable[..., Any], opti
         # per-group quant: the group size): index arithmetic without floor divisions by it, which
         # ran per-group quant 1.7-2.4x slower than a per-width artifact
         quantum = _width_quantum(mode.shape_env, _symbol(fakes[1].shape[0]), _symbol(fakes[0]), hidden)
+        if aligned > quantum and hidden % aligned == 0 and hidden // aligned >= 2:
+            quantum = aligned
         if quantum > 1:
             gm, mode, fakes = _trace(form, tensors, args, kwargs or {}, dynamic_hidden, quantum)
     why = _not_functional(gm)

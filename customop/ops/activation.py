@@ -308,7 +308,8 @@ class GeluAndMulSparse(_Activation):
         _check_input(self.name, x, gated=True, dtypes=_CPU_DTYPES, contiguous=False)
         out = self._tiered(x)
         if is_warming_up() and x.numel():
-            self._tiered(_of_the_other_width_class(x))
+            for other in _width_class_samples(x):
+                self._tiered(other)
         return out
 
     def _tiered(self, x: torch.Tensor) -> torch.Tensor:
@@ -328,16 +329,19 @@ class GeluAndMulSparse(_Activation):
 #: Inductor sums fp32 over more than 4096 elements in 4096-element chunks (``CascadeSumHelper``),
 #: and decides that with a guard on the width: each width-dynamic artifact of the sparse op's forms
 #: (their row sums) serves output widths up to 4096 or above it, not both; a width of the other
-#: class compiled an artifact of its own on its first request (Gemma-3n's 16384 after warm-up's 256).
-_CASCADE_CHUNK = 4096
+#: class compiled an artifact of its own on its first request (Gemma-3n's 16384 after warm-up's
+#: 256). Now it gets one for its class (``standalone._width_class_artifact``: one for x widths that
+#: are multiples of 64, traced so, one for the others), which warm-up builds from these output
+#: widths: up to 4096 and above it, each with x's width a multiple of 64 and not (whichever class
+#: the first call built, the one artifact every class shares the key with serves its own).
+_WIDTH_CLASS_SAMPLES = (64, 65, 4160, 4097)
 
 
-def _of_the_other_width_class(x: torch.Tensor) -> torch.Tensor:
-    """A warm-up input for the sparse op's other width class: output width 64 or 4097, one row
-    or two (the artifacts' two row classes), x's dtype."""
-    other = 64 if x.shape[-1] // 2 > _CASCADE_CHUNK else _CASCADE_CHUNK + 1
+def _width_class_samples(x: torch.Tensor) -> list[torch.Tensor]:
+    """Warm-up inputs of every width class of the sparse op's artifacts, with x's row class (one
+    row or more) and dtype."""
     rows = 1 if x.numel() == x.shape[-1] else 2
-    return torch.randn(rows, 2 * other).to(x.dtype)
+    return [torch.randn(rows, 2 * d).to(x.dtype) for d in _WIDTH_CLASS_SAMPLES]
 
 
 @CustomOp.register("fatrelu_and_mul")

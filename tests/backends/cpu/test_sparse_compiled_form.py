@@ -210,8 +210,10 @@ def test_width_classes_share_artifacts():
     """Inductor chunks an fp32 sum over more than 4096 elements, guarding the width on it: the
     sparse op's artifacts serve output widths up to 4096 or above. A width of the other class gets
     a width-dynamic artifact of its class (``standalone._width_class_artifact``), which every later
-    width of that class shares: output widths 64 and 4096 one artifact, 4097, 9000 and 16384 one
-    more; both boundaries' sides within tolerance, bitwise the Dynamo path; no Dynamo graph."""
+    width of that class shares, x's widths that are multiples of 64 one traced as 64 x a symbol:
+    output widths 64 and 4096 the first artifact, 4097 and 9000 (x not a multiple of 64) a second,
+    16384 and 8192 + 32 a third (quantum 64); 4095 the first again. Both boundaries' sides within
+    tolerance, bitwise the Dynamo path; no Dynamo graph."""
     case = ACT[LABELS[0]]
     op = compiled_op(LABELS[0])
     dynamo = copy.copy(op)
@@ -219,7 +221,7 @@ def test_width_classes_share_artifacts():
     before, built = graphs(), standalone.compiles
     got = []
     with torch.no_grad():
-        for width, compiled in ((64, 1), (4096, 1), (4097, 2), (9000, 2), (16384, 2), (4095, 2)):
+        for width, compiled in ((64, 1), (4096, 1), (4097, 2), (9000, 2), (16384, 3), (8224, 3), (4095, 3)):
             x = case.input((3, 2 * width), torch.float32)
             out = op.forward_cpu(x)
             act_ref.assert_matches(case, op, x, out, spec_rounding=True)
@@ -228,7 +230,7 @@ def test_width_classes_share_artifacts():
     assert graphs() == before
     fam = standalone.family(A.gelu_and_mul_sparse_two_pass, {}, dynamic_hidden=True)
     widths = [a for a in fam.artifacts.values() if isinstance(a, standalone.Widths)]
-    assert len({id(a) for a in widths}) == 2
+    assert sorted({id(a): a.quantum for a in widths}.values()) == [2, 2, 64]
     with torch.no_grad():
         for x, out in got:
             assert torch.equal(out, dynamo.forward_cpu(x)), tuple(x.shape)
