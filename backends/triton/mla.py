@@ -180,16 +180,19 @@ def _merge_kernel(MID_O, MID_LSE, O, stride_ob, stride_oh, heads, num_splits,
 class Config:
     """One launch configuration of ``_split_kernel``: ``block_h`` heads and ``block_n`` positions
     per tile, ``warps``, ``stages`` (software pipeline depth of the cache loads), and ``wave``:
-    the splits aim for about ``wave`` programs per compute unit over the grid."""
+    the splits aim for about ``wave`` programs per compute unit over the grid, each split at
+    least ``min_split`` context positions."""
 
     block_h: int
     block_n: int
     warps: int
     stages: int
     wave: float = 1.0
+    min_split: int = MIN_SPLIT
 
     def __str__(self) -> str:
-        return f"h{self.block_h} n{self.block_n} w{self.warps} s{self.stages} x{self.wave:g}"
+        base = f"h{self.block_h} n{self.block_n} w{self.warps} s{self.stages} x{self.wave:g}"
+        return base if self.min_split == MIN_SPLIT else f"{base} m{self.min_split}"
 
 
 #: sweeps and tests: ``with override(cfg):`` runs every launch inside with ``cfg`` as given
@@ -250,14 +253,14 @@ def _units(device_type: str, index: int) -> int:
 
 def num_splits(rows: int, heads: int, max_context: int, device: torch.device, cfg: Config) -> int:
     """Context splits per row: about ``cfg.wave`` programs per compute unit over the whole grid
-    (rounded: 128 programs on 132 SMs stay one split), each split at least ``MIN_SPLIT``
+    (rounded: 128 programs on 132 SMs stay one split), each split at least ``cfg.min_split``
     positions, at most ``MAX_SPLITS``."""
     if max_context <= 0:
         return 1
     index = device.index if device.index is not None else 0
     programs = max(1, rows * triton.cdiv(heads, cfg.block_h))
     want = int(cfg.wave * _units(device.type, index) / programs + 0.5)
-    return max(1, min(want, triton.cdiv(max_context, MIN_SPLIT), MAX_SPLITS))
+    return max(1, min(want, triton.cdiv(max_context, cfg.min_split), MAX_SPLITS))
 
 
 def _check(q_latent, q_pe, kv_cache, block_table, seq_lens) -> None:

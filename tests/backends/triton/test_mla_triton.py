@@ -137,6 +137,10 @@ def test_num_splits():
     assert kernel.num_splits(1, 128, 100, cpu, cfg) == 1  # short contexts are not split
     assert kernel.num_splits(1, 1, 10 ** 7, cpu, cfg) == kernel.MAX_SPLITS
     assert kernel.num_splits(1, 128, 32768, cpu, kernel.Config(64, 32, 8, 2, 2.0)) == 64
+    # the fewest positions a split gets bounds the split count of short contexts
+    assert kernel.num_splits(1, 128, 4096, cpu, kernel.Config(64, 64, 8, 2, 1.0, 256)) == 16
+    assert kernel.num_splits(1, 128, 4096, cpu, kernel.Config(64, 64, 8, 2, 1.0, 64)) == 32
+    assert kernel.num_splits(1, 128, 1024, cpu, kernel.Config(64, 64, 8, 2, 1.0, 64)) == 16
 
 
 def test_bad_inputs():
