@@ -26,6 +26,8 @@ def markdown(rows: list[dict], impl_names: list[str], copy_gbps: float) -> str:
             mine = r["impls"].get("customop", {})
             pct = f"{mine['pct_copy']:.0f}%" if "pct_copy" in mine else "-"
             speed = f"{r['speedup']:.2f}x ({r['best_peer']})" if "speedup" in r else "-"
+            if "x_bound" in r:
+                speed += f"; {r['x_bound']:.2f}x the {r['bound']} bound"
             lines.append(f"| {r['shape']} | " + " | ".join(_fmt_us(r["impls"].get(n, {})) for n in impl_names)
                          + f" | {pct} | {_same_size(r)} | {speed} | {r['mode']} |")
     lines.append(f"\nCopy ceiling: {copy_gbps:.0f} GB/s (1 GiB device-to-device, read + write). "
