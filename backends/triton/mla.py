@@ -29,7 +29,7 @@ positions per tile, warps, pipeline stages, and ``wave``: how many programs per 
 splits aim for); ``override(Config(...))`` replaces it for a sweep
 (``python -m customop.benchmarks.specs.mla --sweep``). Nothing is autotuned on the request path.
 The number of splits is chosen on the host without reading ``seq_lens``: about ``wave`` programs
-per compute unit, at least ``MIN_SPLIT`` positions each, at most ``MAX_SPLITS``; the context bound
+per compute unit, at least ``MIN_SPLIT`` positions each, at most ``MAX_SPLITS``, a power of two; the context bound
 is ``max_seq_len`` when the caller knows it, else the block table's width times the block size.
 It is a runtime argument of both kernels (the split kernel compiles once per tile config and
 one-split-or-not, the merge once per power of two of the split count, whatever the batch). Lengths are clamped into that width and block ids into the cache, so a malformed table
@@ -57,8 +57,12 @@ import triton.language as tl
 from customop.backends.triton._common import INTERPRETED, ConfigStack, device_guard, next_pow2
 
 _LOG2E = 1.4426950408889634
-#: the fewest context positions a split gets, and the most splits
-MIN_SPLIT = 256
+#: the fewest context positions a split gets (one 64-position tile), and the most splits. H200,
+#: 2026-12-03, DeepSeek-V3 shapes, bf16 (h200/2026-12-03-mla-split-sweep-scratch.txt), us at
+#: 256 -> 64 positions a split (compile): batch 1 x 1024 / 2048 / 4096 / 8192 positions 21.77 /
+#: 22.74 / 24.37 / 24.56 -> 14.30 / 14.05 / 18.40 / 21.96 (12.12 / 14.51 / 19.04 / 21.43); 128
+#: was 0.7 us faster at 1 x 4096 and 2.0-3.6 slower at 1024-2048
+MIN_SPLIT = 64
 MAX_SPLITS = 64
 #: fp32 partial outputs one merge program loads at once (splits x lanes: 32 KB)
 _MERGE_TILE = 8192
@@ -254,13 +258,16 @@ def _units(device_type: str, index: int) -> int:
 def num_splits(rows: int, heads: int, max_context: int, device: torch.device, cfg: Config) -> int:
     """Context splits per row: about ``cfg.wave`` programs per compute unit over the whole grid
     (rounded: 128 programs on 132 SMs stay one split), each split at least ``cfg.min_split``
-    positions, at most ``MAX_SPLITS``."""
+    positions, at most ``MAX_SPLITS``, rounded down to a power of two."""
     if max_context <= 0:
         return 1
     index = device.index if device.index is not None else 0
     programs = max(1, rows * triton.cdiv(heads, cfg.block_h))
     want = int(cfg.wave * _units(device.type, index) / programs + 0.5)
-    return max(1, min(want, triton.cdiv(max_context, cfg.min_split), MAX_SPLITS))
+    splits = max(1, min(want, triton.cdiv(max_context, cfg.min_split), MAX_SPLITS))
+    # a power of two: 4 rows x 4096 positions in 17 splits (16 of 256 positions and an empty one,
+    # merged over 32) took 33.9 us on the H200, in 16 splits 28.0
+    return 1 << (splits.bit_length() - 1)
 
 
 def _check(q_latent, q_pe, kv_cache, block_table, seq_lens) -> None:

@@ -134,7 +134,9 @@ def test_num_splits():
     cfg = kernel.tiles(torch.bfloat16, 128, 64, hopper=True)
     assert kernel.num_splits(64, 128, 4096, cpu, cfg) == 1
     assert kernel.num_splits(1, 128, 32768, cpu, cfg) == 32  # 2 head blocks x 32 splits: one per unit
-    assert kernel.num_splits(1, 128, 100, cpu, cfg) == 1  # short contexts are not split
+    assert kernel.num_splits(1, 128, 64, cpu, cfg) == 1  # one tile's context is not split
+    assert kernel.num_splits(1, 128, 100, cpu, cfg) == 2
+    assert kernel.num_splits(3, 128, 4096, cpu, cfg) == 8  # 6 programs: 11 splits, rounded down
     assert kernel.num_splits(1, 1, 10 ** 7, cpu, cfg) == kernel.MAX_SPLITS
     assert kernel.num_splits(1, 128, 32768, cpu, kernel.Config(64, 32, 8, 2, 2.0)) == 64
     # the fewest positions a split gets bounds the split count of short contexts
