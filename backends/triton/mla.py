@@ -29,8 +29,9 @@ positions per tile, warps, pipeline stages, and ``wave``: how many programs per 
 splits aim for); ``override(Config(...))`` replaces it for a sweep
 (``python -m customop.benchmarks.specs.mla --sweep``). Nothing is autotuned on the request path.
 The number of splits is chosen on the host without reading ``seq_lens``: about ``wave`` programs
-per compute unit, at least ``MIN_SPLIT`` positions each, at most ``MAX_SPLITS``, a power of two; the context bound
-is ``max_seq_len`` when the caller knows it, else the block table's width times the block size.
+per compute unit, at least ``MIN_SPLIT`` positions each, at most ``MAX_SPLITS``, a power of two;
+the context bound is ``max_seq_len`` when the caller knows it, else the block table's width times
+the block size.
 It is a runtime argument of both kernels (the split kernel compiles once per tile config and
 one-split-or-not, the merge once per power of two of the split count, whatever the batch). Lengths are clamped into that width and block ids into the cache, so a malformed table
 gives wrong rows, never a wild access. 16-bit inputs feed the tensor cores; fp32 multiplies in
@@ -61,7 +62,7 @@ _LOG2E = 1.4426950408889634
 #: 2026-12-03, DeepSeek-V3 shapes, bf16 (h200/2026-12-03-mla-split-sweep-scratch.txt), us at
 #: 256 -> 64 positions a split (compile): batch 1 x 1024 / 2048 / 4096 / 8192 positions 21.77 /
 #: 22.74 / 24.37 / 24.56 -> 14.30 / 14.05 / 18.40 / 21.96 (12.12 / 14.51 / 19.04 / 21.43); 128
-#: was 0.7 us faster at 1 x 4096 and 2.0-3.6 slower at 1024-2048
+#: was 0.7 us faster at 1 x 4096 and 1.8-3.6 slower at 1024-2048
 MIN_SPLIT = 64
 MAX_SPLITS = 64
 #: fp32 partial outputs one merge program loads at once (splits x lanes: 32 KB)
