@@ -5,8 +5,9 @@ torch.compile(native) and Liger, on the current CUDA device. Usage and method: b
 
 Timing (every implementation the same way): decode sizes (<= 16 tokens) are 20 calls in one CUDA
 graph on L2-hot inputs; larger ones (by default, ``--timer graph``) the same graph over enough
-input copies that their traffic is 3x the L2, so the calls stream from HBM. Replays are queued
-behind a device sleep. Why not triton's do_bench: its timed region starts when the device
+input copies that their traffic is 3x the L2, so the calls stream from HBM, and as many output
+sets (each call's outputs live until its input set comes round again, so fresh outputs reach HBM
+as an in-place op's writes do). Replays are queued behind a device sleep. Why not triton's do_bench: its timed region starts when the device
 reaches the start event, and on the H200's host the Python launch path of these ops (100-240 us
 per call, measured) is longer than do_bench's 256 MB L2 flush before it, so the device idles
 inside the timed region and the numbers were the host's, in phases (the same kernel measured
@@ -55,6 +56,10 @@ _DRY_RUN = False
 _TIMER = "graph"
 #: --timer-check: also time customop and compile with triton's do_bench (``us_do_bench``)
 _TIMER_CHECK = False
+#: graph timer: each input set gets its own outputs (time_graph's ``keep_outputs``); False
+#: (--reuse-outputs) lets every call's fresh outputs share one L2-resident buffer, the method up
+#: to 2026-12-03
+_KEEP_OUTPUTS = True
 
 
 def log(msg: str) -> None:
@@ -202,7 +207,7 @@ def _time(fns: list, mode: str, entry: dict) -> float:
         entry["note"] = f"waits for the device, not capturable; {'do_bench' if _TIMER == 'do_bench' else 'queued'}"
     elif mode == "graph":
         try:
-            return time_graph(fns)
+            return time_graph(fns, keep_outputs=_KEEP_OUTPUTS)
         except Exception as exc:  # e.g. an implementation that syncs: time it eagerly, say so
             entry["note"] = f"graph capture failed ({type(exc).__name__}); {'do_bench' if _TIMER == 'do_bench' else 'queued'}"
             torch.cuda.synchronize()
@@ -272,7 +277,7 @@ def _environment(args: argparse.Namespace, copy_gbps: float) -> dict:
             "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
             "device": "cpu (dry run)" if _DRY_RUN else torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "liger": liger, "python": platform.python_version(), "dtype": args.dtype, "copy_gbps": copy_gbps,
-            "timer": args.timer}
+            "timer": args.timer, "outputs": "reused" if args.reuse_outputs else "one set per input set"}
 
 
 # ---- main -------------------------------------------------------------------------------------
@@ -347,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timer", default="graph", choices=("graph", "queued", "do_bench"),
                         help="tokens > 256: graph (default; CUDA graphs over rotating inputs), queued (L2 flushed, "
                              "host launch cost excluded) or triton's do_bench (counts host launch gaps)")
+    parser.add_argument("--reuse-outputs", action="store_true",
+                        help="graph timer: let every call's fresh outputs share one buffer (the method up to "
+                             "2026-12-03; in-place ops then pay for their writes reaching HBM and the rest do not)")
     parser.add_argument("--timer-check", action="store_true",
                         help="also time customop and compile (tokens > 256) with triton's do_bench, to compare")
     parser.add_argument("--list", action="store_true", help="print the chosen specs and their shapes (no GPU needed)")
@@ -354,8 +362,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the pipeline on CPU (Triton interpreter, tokens <= 4): checks the specs, not speed")
     args = parser.parse_args(argv)
 
-    global _DRY_RUN, _TIMER, _TIMER_CHECK
+    global _DRY_RUN, _TIMER, _TIMER_CHECK, _KEEP_OUTPUTS
     _DRY_RUN, _TIMER, _TIMER_CHECK = args.dry_run, args.timer, args.timer_check
+    _KEEP_OUTPUTS = not args.reuse_outputs
     if _DRY_RUN and os.environ.get("TRITON_INTERPRET") != "1":
         # The interpreter must be chosen before triton is first imported (`import customop`
         # already imports it through torch), so the dry run restarts itself with it set.

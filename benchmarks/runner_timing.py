@@ -91,10 +91,16 @@ def time_queued(fn, entry: dict | None = None, rep_ms: float = 30.0, max_calls: 
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
 
 
-def time_graph(fns: list, replays: int = 60, budget_ms: float = 25.0) -> float:
+def time_graph(fns: list, replays: int = 60, budget_ms: float = 25.0, keep_outputs: bool = True) -> float:
     """us per call: GRAPH_CALLS calls (cycling over ``fns``) captured in one CUDA graph, replayed
     (as many times as fit ``budget_ms``, 5 to ``replays``), median replay time / GRAPH_CALLS. The
-    replays are queued behind a device sleep, so the host's launch time never shows."""
+    replays are queued behind a device sleep, so the host's launch time never shows.
+
+    ``keep_outputs``: call i's outputs stay alive until call i + len(fns), so each input set has
+    its own output buffers, as an in-place op writes into its own input set. Dropped at once, every
+    call's fresh outputs would land on one buffer that never leaves the L2, and only in-place ops
+    (the fused adds, which write x and the residual back) would pay for their writes reaching
+    HBM. ``False`` is the method of the runs up to 2026-12-03 (``--reuse-outputs``)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up (compilation, allocator) off the capture
@@ -102,9 +108,16 @@ def time_graph(fns: list, replays: int = 60, budget_ms: float = 25.0) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
+    held: list = [None] * len(fns)
     with torch.cuda.graph(graph):
         for k in range(GRAPH_CALLS):
-            fns[k % len(fns)]()
+            i = k % len(fns)
+            held[i] = None  # set i's previous outputs go back to the pool; this call takes them
+            if keep_outputs:
+                held[i] = fns[i]()
+            else:
+                fns[i]()
+    del held
     for _ in range(3):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
