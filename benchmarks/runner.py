@@ -338,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="customop bench", description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--ops", default="", help="comma-separated names / fnmatch patterns (spec name or family)")
     parser.add_argument("--quick", action="store_true", help="tokens {1, 4096} at the largest hidden only")
+    parser.add_argument("--tokens", default="", help="comma-separated token counts: only the shapes with these")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="default bf16")
     parser.add_argument("--impls", default="",
                         help="a subset of " + ",".join(IMPL_ORDER) + " and the specs' own peers (e.g. grouped_mm, "
@@ -387,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runner: no spec matches {args.ops!r}; known: {[s.name for s in all_specs]}", file=sys.stderr)
         return 2
     dtype = DTYPES[args.dtype]
+    tokens = {int(t) for t in args.tokens.split(",") if t.strip()}
     requested = [n.strip() for n in args.impls.split(",") if n.strip()]
     impl_names = list(requested)  # the columns of the outputs: grows with the specs' own peers
     specs_pkg.use_liger_wheel(args.liger_wheel)
@@ -415,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         plan = _sweep_plan(spec) if args.sweep else None
         for shape in spec.shapes:
-            if args.quick and not shape.quick:
+            if args.quick and not shape.quick or tokens and shape.tokens not in tokens:
                 continue
             if time.perf_counter() - t0 > args.budget_s:
                 skipped.append(f"{spec.name} {shape.label}")
