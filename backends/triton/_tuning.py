@@ -242,8 +242,16 @@ TILE_TABLE: dict[str, dict[str, int]] = {
              "small_elems_per_warp": 256, "decode_tokens": 256, "decode_min_n": 1024,
              "stream_tile_elems": 2048, "stream_elems_per_warp": 256, "stream_flat_numel": 1 << 20,
              "stream_flat_elems": 1024, "small_grid_tile_n": 512, "small_grid_elems_per_warp": 64,
-             "compute_elems_per_warp": 256, "light_mid_numel": 1 << 22, "light_mid_elems": 4096},
+             "compute_elems_per_warp": 256, "light_mid_numel": 1 << 22, "light_mid_elems": 4096,
+             "rotating_min_rows": 256},
 }
+#: ``rotating_min_rows`` (gated tiles, decode class, not a small grid): from this many rows the
+#: streaming-class ops (silu, fatrelu, gelu tanh) read x without the evict-first hint and the erf
+#: gate takes ``compute_elems_per_warp`` (4 warps a 1024-element tile). H200 tile sweep
+#: 2026-12-03, bf16, 256 x 2 x 14336, every output set written back to HBM (the runner's timer
+#: since that day), pick -> this (compile): mul_and_silu 7.25 -> 7.08, fatrelu 7.16 -> 6.96 (6.97
+#: / 6.80); gelu erf 8.48 -> 8.07 (7.97), where dropping the hint lost (8.90). 17-255 rows were
+#: not measured and keep the hint.
 #: ``light_mid_*`` (flat, ``light`` ops: relu2, a max and a multiply per element): from
 #: ``stream_flat_numel`` up to ``light_mid_numel`` elements, ``light_mid_elems``-element blocks at
 #: ``elems_per_warp`` (4096 at 8 warps, 16 per thread) instead of the streaming class's 1024 at 4.
@@ -451,14 +459,17 @@ def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class:
     while block_n > min_n and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
         block_n //= 2
     small = _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms
+    rotating = not small and t["rotating_min_rows"] <= n_rows <= t["decode_tokens"]
     if small:
         per_warp = t["small_elems_per_warp"]
     elif stream:
         per_warp = t["stream_elems_per_warp"]
     else:
-        per_warp = t["compute_elems_per_warp" if compute_bound else "elems_per_warp"]
+        erf_rotating = rotating and not streaming_class
+        per_warp = t["compute_elems_per_warp" if compute_bound or erf_rotating else "elems_per_warp"]
     warps = max(1, min(8, block_m * block_n // per_warp))
-    return TileConfig(block_m, block_n, _warps(kind, warps), evict=not stream,
+    evict = not stream and not (rotating and streaming_class)
+    return TileConfig(block_m, block_n, _warps(kind, warps), evict=evict,
                       grid2d=n_rows <= t["decode_tokens"], const_width=const_width and stream)
 
 

@@ -206,7 +206,11 @@ def test_tile_decode_class_and_sweep_filters():
     assert _tuning._tile_config("cuda", 132, 64, 14336) == _tuning.TileConfig(1, 1024, 2, grid2d=True)
     assert _tuning._flat_config("cuda", 132, 16 * 8192, True) == _tuning.TileConfig(1, 512, 8)
     assert _tuning._flat_config("cuda", 132, 16 * 8192) == _tuning.TileConfig(1, 1024, 4)  # quant: as before
-    assert _tuning._tile_config("cuda", 132, 256, 14336).evict  # decode class: the hint stays
+    assert _tuning._tile_config("cuda", 132, 255, 14336).evict  # decode class: the hint stays
+    # from rotating_min_rows (256) rows the streaming-class ops drop it; the erf gate keeps it at 4 warps
+    assert _tuning._tile_config("cuda", 132, 256, 14336) == _tuning.TileConfig(1, 1024, 2, evict=False, grid2d=True)
+    assert _tuning._tile_config("cuda", 132, 256, 14336, False) == _tuning.TileConfig(1, 1024, 4, grid2d=True)
+    assert _tuning._tile_config("cuda", 132, 255, 14336, False) == _tuning.TileConfig(1, 1024, 2, grid2d=True)
     assert _tuning._tile_config("cuda", 132, 256, 14336).grid2d  # and the 2-D grid
     assert not _tuning._tile_config("cuda", 132, 257, 14336).grid2d
     assert _tuning._tile_config("cuda", 132, 32768, 14336) == _tuning.TileConfig(1, 2048, 8, evict=False)
