@@ -56,7 +56,7 @@ def compile_graph(compile_fn: Callable[..., Any], form: Callable[..., Any], opti
     vector tails; such an artifact serves only multiples of it)."""
     hidden = tensors[0].shape[-1]  # (a 1-D x, run_tokens: its token count; static there)
     quantum = 1
-    gm, mode, fakes = _trace(form, tensors, args, kwargs or {}, dynamic_hidden, 1)
+    gm, mode, fakes, traced_width = _trace(form, tensors, args, kwargs or {}, dynamic_hidden, 1)
     if dynamic_hidden:
         # traced as ``quantum`` x a symbol where the graph needs a multiple (the gated split: 2,
         # per-group quant: the group size): index arithmetic without floor divisions by it, which
@@ -65,7 +65,7 @@ def compile_graph(compile_fn: Callable[..., Any], form: Callable[..., Any], opti
         if aligned > quantum and hidden % aligned == 0 and hidden // aligned >= 2:
             quantum = aligned
         if quantum > 1:
-            gm, mode, fakes = _trace(form, tensors, args, kwargs or {}, dynamic_hidden, quantum)
+            gm, mode, fakes, traced_width = _trace(form, tensors, args, kwargs or {}, dynamic_hidden, quantum)
     why = _not_functional(gm)
     if why:
         log.info("customop: the %s graph %s; its calls use torch.compile through Dynamo",
@@ -74,7 +74,11 @@ def compile_graph(compile_fn: Callable[..., Any], form: Callable[..., Any], opti
     x_fake = fakes[1] if dynamic_hidden else fakes[0]
     rows_sym = _symbol(x_fake.shape[0])
     width_sym = _symbol(fakes[0]) if dynamic_hidden else None  # hidden // quantum
-    if not _rows_unconstrained(mode.shape_env, rows_sym, width_sym, hidden // quantum):
+    # the rows check substitutes the width's value into the symbol the trace created, also where
+    # the trace fixed it (per-group quant of one group: the group count 1 specialises, and the
+    # width with it): its guards name that symbol, which is no row count (they failed the check,
+    # so such a width took Dynamo's path, and with it every later width of the shared key)
+    if not _rows_unconstrained(mode.shape_env, rows_sym, traced_width, hidden // quantum):
         log.warning("customop: the %s graph constrains its rows beyond >= 2; its calls use torch.compile "
                     "through Dynamo", getattr(form, "__name__", form))
         return None
@@ -84,7 +88,7 @@ def compile_graph(compile_fn: Callable[..., Any], form: Callable[..., Any], opti
     with torch._guards.tracing(context), torch._inductor.config.patch(options), torch.no_grad():
         art = compile_fn(gm, fakes, dynamic_shapes="from_tracing_context")
     # Inductor may guard too while it lowers (the shape environment is the trace's): checked again
-    if not _rows_unconstrained(mode.shape_env, rows_sym, width_sym, hidden // quantum):
+    if not _rows_unconstrained(mode.shape_env, rows_sym, traced_width, hidden // quantum):
         log.warning("customop: Inductor's %s code constrains its rows beyond >= 2; its calls use "
                     "torch.compile through Dynamo", getattr(form, "__name__", form))
         return None
@@ -99,14 +103,15 @@ def compile_graph(compile_fn: Callable[..., Any], form: Callable[..., Any], opti
 
 
 def _trace(form: Callable[..., Any], tensors: list[torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any],
-           dynamic_hidden: bool, quantum: int) -> tuple[Any, Any, list[Any]]:
+           dynamic_hidden: bool, quantum: int) -> tuple[Any, Any, list[Any], Any]:
     """``make_fx`` of ``form`` on fake tensors: the rows symbolic from two rows up (the call's own
     count is the size hint, as with Dynamo; tensors of x's rows share the symbol), the rest static
     except, with ``dynamic_hidden``, the width: x's last dim in x, the row tensors and the
     ``[hidden]`` weight, ``quantum`` times a symbol of its own. That symbol is the graph's first
     input (an int: the call passes ``hidden // quantum``), so that the code indexes by
-    ``quantum * w`` rather than dividing a width by ``quantum``. Returns the graph, its fake mode
-    and its example inputs."""
+    ``quantum * w`` rather than dividing a width by ``quantum``. Returns the graph, its fake mode,
+    its example inputs and the width's symbol as created (None for a static width; the trace may
+    have fixed it since: ``_symbol`` of the width input is then None)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -141,6 +146,7 @@ def _trace(form: Callable[..., Any], tensors: list[torch.Tensor], args: tuple[An
 
         def graph(*ts: torch.Tensor) -> Any:
             return call(ts)
+        created = None
     else:
         from torch._dynamo.source import ConstantSource
 
@@ -151,6 +157,7 @@ def _trace(form: Callable[..., Any], tensors: list[torch.Tensor], args: tuple[An
             return env.create_symintnode(expr, hint=hint, source=ConstantSource(name))
 
         width = symbol("customop_width", hidden // quantum)
+        created = width.node.expr
         row_size = symbol("customop_rows", rows) if rows > 1 else 1
 
         def fake(t: torch.Tensor) -> Any:
@@ -169,7 +176,7 @@ def _trace(form: Callable[..., Any], tensors: list[torch.Tensor], args: tuple[An
 
     with torch.no_grad():  # an inference graph (the guards keep autograd away from it)
         gm = make_fx(graph, tracing_mode="fake")(*fakes)
-    return gm, mode, fakes
+    return gm, mode, fakes, created
 
 
 def _width_quantum(shape_env: Any, rows: Any, width: Any, hidden: int) -> int:

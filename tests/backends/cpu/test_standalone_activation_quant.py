@@ -269,6 +269,40 @@ def test_quant_one_artifact_serves_every_width():
     assert verdicts == {256: True, 4224: True, 1024: True, 128: False, 200: False}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("rows", [1, 3])
+def test_quant_one_group_first_keeps_the_shared_artifact_open(rows):
+    """Per-group 128 whose first call is one group wide: its trace fixes the width (the group
+    count 1 specialises), so width 128 gets an artifact of its own and the next width builds the
+    shared width-dynamic one, which widths 4224 and 1024 share. Before, the first
+    build was refused (its guards named the fixed width's symbol) and remembered under the shared
+    key, which sent every later width of the row class to Dynamo's path (1x4096 bf16 31.5 against
+    18.4 us a call). Every dtype, fresh random inputs: q and the scales exactly the reference's,
+    no Dynamo graph, two artifacts; a sample bitwise the Dynamo path."""
+    label = "per-group 128"
+    case, op = QUANT[label], quant_op(label)
+    dynamo = via_dynamo(op)
+    fam = op.cpu_tiers.standalone_family(input_quant_fp8.quant_fp8)
+    for dtype in QUANT_DTYPES:
+        before, built = graphs(), standalone.compiles
+        got = {}
+        with torch.no_grad():
+            for width in (128, 4224, 1024, 128):
+                x = case.input((rows, width), dtype, generator=torch.Generator().manual_seed(width + rows))
+                got[width] = x, op.forward_cpu(x)
+                quant_ref.check_against_reference(case, x, got[width][1], FP8, {})
+        assert graphs() == before and standalone.compiles - built == 2, dtype
+        shared = [a for k, a in fam.artifacts.items() if isinstance(a, standalone.Widths) and k[0] is dtype
+                  and k[1] is None and a.width is not None]
+        assert len(shared) == 1 and shared[0].verdicts == {4224: True, 1024: True, 128: False}, dtype
+        if dtype is torch.bfloat16:
+            with torch.no_grad():
+                for width in (128, 1024):
+                    x, (q, scale) = got[width]
+                    q2, scale2 = dynamo.forward_cpu(x)
+                    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(scale, scale2)
+
+
 class _Sub(torch.Tensor):
     pass
 
