@@ -115,8 +115,11 @@ RMS_NORM_CPU_TIERS = CpuTiers(min_numel=4096, by_dtype={torch.float32: 16384}, d
 NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS)
 #: Gemma's RMSNorm: the same hand-written kernel (its one rounding, at the end, in hardware) for
 #: bf16/fp16 at every size: 1.1-1.6x torch.compile of the spec at 1-2048 rows of 4096, where the
-#: compiled tier ran at 0.73-0.87x (docs/cpu.md)
-GEMMA_RMS_NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, native_from=1)
+#: compiled tier ran at 0.73-0.87x (docs/cpu.md). fp32 (no kernel) calls its compiled code without
+#: Dynamo (``standalone``, as RMSNorm): 0.72-0.73x -> 1.13-1.14x torch.compile at 16x4096 and
+#: 0.87-0.88x -> 1.10-1.11x at 256x4096 (p5, 2 threads, two runs each; BENCHMARKS.md, "issue 18,
+#: CPU, ninth day")
+GEMMA_RMS_NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, standalone=True, native_from=1)
 #: RMSNormGated (Mamba-2's grouped gated norm): its own hand-written kernel
 #: (backends/cpu/native/rms_norm_gated.c) for bf16/fp16/fp32 at every size: one pass per row where
 #: Inductor's code keeps the gated product in an fp32 buffer between three loops, and no OpenMP

@@ -20,7 +20,7 @@ from customop.ops.mamba import Mixer2RMSNormGated
 from customop.samples.mamba import NORM_CASES
 from customop.testing import assert_close
 from tests.backends.cpu.compile_counting import fresh_compiles, graphs  # noqa: F401  (autouse fixture)
-from tests.cases.layernorm import ref_fused_add, ref_rms_norm
+from tests.cases.layernorm import ref_fused_add, ref_gemma, ref_rms_norm
 from tests.cases.mamba import norm_reference
 
 H = 1031  # odd: the vector loops' tails run too
@@ -50,7 +50,7 @@ def randn(*shape, dtype, seed):
 
 def test_tiers_wiring():
     assert L.RMSNorm.cpu_tiers.standalone and Mixer2RMSNormGated.cpu_tiers.standalone
-    assert not L.GemmaRMSNorm.cpu_tiers.standalone  # measured and wired for the RMSNorm family only
+    assert L.GemmaRMSNorm.cpu_tiers.standalone  # its fp32 calls (bf16/fp16 run the hand-written kernel)
 
 
 @pytest.mark.slow
@@ -68,6 +68,32 @@ def test_float64_reference_and_bitwise_the_dynamo_path(dtype):
             got[rows] = x, residual, op.forward_cpu(x), op.forward_cpu(x, residual)
             assert_close(got[rows][2], ref_rms_norm(x, op.weight, op.eps), dtype)
             assert_close(got[rows][3], ref_fused_add(x, residual, op.weight, op.eps), dtype)
+        assert graphs() == before and standalone.compiles - built == 4
+        dynamo = via_dynamo(op)
+        for rows, (x, residual, plain, fused) in got.items():
+            assert torch.equal(plain, dynamo.forward_cpu(x)), rows
+            assert all(map(torch.equal, fused, dynamo.forward_cpu(x, residual))), rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemma_float64_reference_and_bitwise_the_dynamo_path(dtype):
+    """GemmaRMSNorm's compiled tier on the route (fp32 as shipped; bf16/fp16 where the hand-written
+    kernel does not run): 1, 7 and 4231 rows of fresh random inputs and a random ``1 + w`` offset,
+    the norm and the fused add within the dtype's tolerance of the float64 reference, bitwise
+    the Dynamo path, no Dynamo graph, four artifacts."""
+    with use_config(Config(custom_ops=["all"])):
+        op = L.GemmaRMSNorm(H).requires_grad_(False)
+    op.weight.copy_(torch.randn(H, generator=torch.Generator().manual_seed(3)) * 0.3)
+    op.cpu_tiers = op.cpu_tiers.compiling_from(1)
+    before, built = graphs(), standalone.compiles
+    got = {}
+    with torch.no_grad():
+        for rows in (1, 7, 4231):
+            x, residual = randn(rows, H, dtype=dtype, seed=rows + 5), randn(rows, H, dtype=dtype, seed=rows + 6)
+            got[rows] = x, residual, op.forward_cpu(x), op.forward_cpu(x, residual)
+            assert_close(got[rows][2], ref_gemma(x, op.weight, op.eps), dtype)
+            assert_close(got[rows][3], ref_fused_add(x, residual, op.weight, op.eps, gemma=True), dtype)
         assert graphs() == before and standalone.compiles - built == 4
         dynamo = via_dynamo(op)
         for rows, (x, residual, plain, fused) in got.items():
