@@ -82,6 +82,13 @@ NEVER_COMPILE = math.inf
 #: build artifacts that serve every width (BENCHMARKS.md, "the standalone route beyond the norms").
 GATED_FEW_KERNELS_FP32_MIN_NUMEL = 1 << 19
 GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL = 1 << 17
+#: gelu_and_mul in bf16/fp16 (both approximations): the eager tier's gelu costs more than silu's,
+#: and the compiled call wins from 16K input elements, not 128K: at 4-8 rows of 8192 the eager tier
+#: ran at 0.92-1.00x torch.compile (tanh 4x8192 bf16 0.94-0.95, 8x8192 0.92-0.94; erf 8x8192
+#: 0.91-0.92), compiled (2 threads) 1.13-1.56x at 2-16 rows. A one-thread band was slower (tanh
+#: 3x8192 0.99-1.06x). 2 threads, best of 15 rounds, two runs each (BENCHMARKS.md, "issue 18,
+#: CPU, ninth day"). fp32 keeps the gated ops' 512K (eager 1.03-1.05x compile at 4x8192).
+GELU_AND_MUL_LOW_PRECISION_MIN_NUMEL = 1 << 14
 
 
 #: gelu_new, gelu_fast (eight eager kernels): compiled from 16K elements as before, and below that
@@ -204,7 +211,7 @@ class GeluAndMul(_Activation):
     math_fn = staticmethod(gelu_and_mul)
     eager_fn = staticmethod(eager.gelu_and_mul)
     gated = True
-    cpu_tiers = _low_precision_from(GATED_FEW_KERNELS_FP32_MIN_NUMEL, GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL)
+    cpu_tiers = _low_precision_from(GATED_FEW_KERNELS_FP32_MIN_NUMEL, GELU_AND_MUL_LOW_PRECISION_MIN_NUMEL)
     repr_fields = ("approximate",)
 
     def __init__(self, approximate: str = "none", **kwargs: Any) -> None:

@@ -101,6 +101,26 @@ def test_silu_and_mul_large(dtype):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("label", ["gelu_and_mul[tanh]", "gelu_and_mul[none]"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gelu_and_mul_on_both_sides_of_its_threshold(label, dtype):
+    """gelu_and_mul compiles from 16K input elements in bf16/fp16 (the eager tier lost to
+    torch.compile at 4-8 rows of 8192: BENCHMARKS.md, "issue 18, CPU, ninth day"), from 512K in
+    fp32: the shipped thresholds, an odd width, one row (eager everywhere) and three rows (compiled
+    in bf16/fp16), fresh random inputs against the float64 reference."""
+    case = BY_LABEL[label]
+    op = build(case)
+    width = 2 * 4099
+    low = dtype in (torch.bfloat16, torch.float16)
+    assert op.cpu_tiers.compile_from(dtype) == (1 << 14 if low else 1 << 19)
+    with torch.no_grad():
+        for rows, compiled in ((1, False), (3, low)):
+            x = case.input((rows, width), dtype)
+            assert op.cpu_tiers.runs_compiled(x.numel(), dtype) == compiled, rows
+            check(case, op, x, op(x))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("label", ["silu_and_mul", "swigluoai_and_mul"])
 def test_cpu_path_handles_non_contiguous_input(label, monkeypatch):
     """silu_and_mul stays eager (no compiled graph per stride pattern); swigluoai de-interleaves
