@@ -185,6 +185,15 @@ def test_bench_dry_run_writes_results_on_cpu(tmp_path):
     assert all(r["impls"]["customop"]["ok"] for r in rows)
 
 
+def test_bench_tokens_keeps_only_those_shapes(tmp_path):
+    pytest.importorskip("triton")
+    done = run_cli("bench", "--ops", "rms_norm", "--tokens", "16", "--dry-run", "--impls", "customop",
+                   "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert [r["shape"] for r in rows] == ["16x4096[dry]", "16x8192[dry]"]  # the dry run's labels
+
+
 @pytest.mark.parametrize("env, says", [
     ({"CUSTOMOP_PLATFORM": "bogus"}, "known: ['cpu'"),
     ({"CUSTOMOP_CUSTOM_OPS": "rms_norm"}, "'+op'"),
