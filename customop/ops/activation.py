@@ -396,10 +396,29 @@ class SwigluOAIAndMul(_Activation):
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
         # Inductor's CPU code loads stride-2 lanes one element at a time (2x slower than eager,
         # measured), so large inputs are de-interleaved to [gates | ups] once, in eager, and the
-        # compiled math runs on contiguous halves (2x faster than eager).
+        # compiled math runs on contiguous halves (2x faster than eager). bf16/fp16 up to 64K
+        # elements: the small-size band (``_SWIGLUOAI_BAND``), the interleaved spec compiled and
+        # called without Dynamo (the de-interleaving ``prepare`` keeps the large path on Dynamo's);
+        # warm-up runs both, so that it builds either's code
         _check_input(self.name, x, gated=True, dtypes=_CPU_DTYPES, contiguous=False)
+        if x.dtype in _LOW_PRECISION:
+            warming = is_warming_up()
+            numel = x.numel()
+            if warming or numel <= _SWIGLUOAI_BAND.compiled_up_to and numel < self.cpu_tiers.compile_from(x.dtype):
+                out = run_tiered(_SWIGLUOAI_BAND, swigluoai_and_mul, x, self.alpha, self.limit, eager=self.eager_fn)
+                if not warming:
+                    return out
         return run_tiered(self.cpu_tiers, swigluoai_and_mul, x, self.alpha, self.limit, eager=self.eager_fn,
                           compiled_spec=swigluoai_on_halves, prepare=_deinterleave)
+
+
+#: swigluoai_and_mul in bf16/fp16 up to 64K elements: the interleaved spec's standalone artifact
+#: (2 threads) beat the eager tier at 1-8 rows of 8192 (1.10-1.46x torch.compile against
+#: 0.90-1.16x; one thread lost at 2 rows, 0.85-0.90x). From 9 rows ATen's eager kernels run on two
+#: threads (each half above its 32K grain) and won again (12 rows: 1.39-1.41x against 1.06-1.09x),
+#: up to the 128K threshold. fp32 keeps the eager tier (1.2-1.4x at 1-8 rows, a tie with the
+#: artifact). 2 threads, best of 15 rounds, two runs each (BENCHMARKS.md, "issue 18, CPU, ninth day")
+_SWIGLUOAI_BAND = CpuTiers(math.inf, standalone=True, compiled_up_to=1 << 16)
 
 
 @CustomOp.register("swiglustep_and_mul")

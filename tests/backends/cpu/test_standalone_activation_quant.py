@@ -303,6 +303,68 @@ def test_quant_one_group_first_keeps_the_shared_artifact_open(rows):
                     assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(scale, scale2)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ACT_DTYPES, ids=str)
+def test_swigluoai_small_size_band(dtype):
+    """swigluoai_and_mul as shipped: bf16/fp16 up to 64K elements run the interleaved spec's
+    artifact without Dynamo (the small-size band), the eager tier above it and the de-interleaved
+    compiled path from the 128K threshold; fp32/fp64 keep the eager tier below theirs. Odd widths,
+    fresh random inputs: within tolerance of the float64 reference, the band's calls bitwise the
+    same graph through Dynamo, no Dynamo graph for them, two artifacts (one row and more); a
+    non-contiguous input and a call recording autograd take the eager tier, compiling nothing."""
+    case = ACT["swigluoai_and_mul"]
+    with use_config(Config(custom_ops=["all"])):
+        op = case.build()
+    low = dtype in (torch.bfloat16, torch.float16)
+    band = A._SWIGLUOAI_BAND
+    assert band.compiled_up_to == 1 << 16 and band.standalone
+    assert op.cpu_tiers.compile_from(dtype) == (1 << 17 if low else 1 << 21)
+    before, built = graphs(), standalone.compiles
+    got = {}
+    with torch.no_grad():
+        for rows in (1, 3, 31):  # 31 x 2062 = 63922 elements: the band's last sizes
+            x = act_input("swigluoai_and_mul", rows, dtype, seed=rows + 40, width=1031)
+            got[rows] = x, op.forward_cpu(x)
+            act_ref.assert_matches(case, op, x, got[rows][1], spec_rounding=True)
+        assert graphs() == before and standalone.compiles - built == (2 if low else 0), dtype
+        if low:
+            dynamo = dataclasses.replace(band, standalone=False)
+            for rows, (x, out) in got.items():
+                assert torch.equal(out, run_tiered(dynamo, A.swigluoai_and_mul, x, op.alpha, op.limit)), rows
+        built = standalone.compiles
+        for rows, width in ((40, 1031), (40, 1700)):  # above the band (eager); the bf16 threshold
+            x = act_input("swigluoai_and_mul", rows, dtype, seed=rows + width, width=width)
+            act_ref.assert_matches(case, op, x, op.forward_cpu(x), spec_rounding=True)
+        strided = torch.empty(2 * 1031, 5, dtype=dtype).t().copy_(
+            act_input("swigluoai_and_mul", 5, dtype, seed=9, width=1031))
+        act_ref.assert_matches(case, op, strided, op.forward_cpu(strided), spec_rounding=True)
+    x = act_input("swigluoai_and_mul", 3, dtype, seed=11, width=1031).requires_grad_()
+    out = op.forward_cpu(x)
+    assert out.requires_grad
+    act_ref.assert_matches(case, op, x.detach(), out.detach(), spec_rounding=True)
+    assert standalone.compiles == built
+
+
+@pytest.mark.slow
+def test_swigluoai_warmup_builds_both_paths():
+    """After ``customop.warmup`` (bf16), swigluoai_and_mul's band calls (1, 3 and 31 rows, widths
+    warm-up did not see) compile nothing. (Its de-interleaved path through Dynamo, from the 128K
+    threshold, still compiled a graph for a 40 x 3400 request after warm-up before the band too:
+    not covered here.)"""
+    import customop
+
+    with use_config(Config(custom_ops=["all"])):
+        op = ACT["swigluoai_and_mul"].build()
+    rows = customop.warmup([op], dtypes=(torch.bfloat16,))
+    assert all(r.outcome == "ran" for r in rows)
+    before, built = graphs(), standalone.compiles
+    with torch.no_grad():
+        for tokens, width in ((1, 1031), (3, 1031), (31, 1031), (2, 4096), (7, 4096)):
+            x = act_input("swigluoai_and_mul", tokens, torch.bfloat16, seed=tokens, width=width)
+            act_ref.assert_matches(ACT["swigluoai_and_mul"], op, x, op.forward_cpu(x), spec_rounding=True)
+            assert graphs() == before and standalone.compiles == built, (tokens, width)
+
+
 class _Sub(torch.Tensor):
     pass
 
