@@ -347,19 +347,19 @@ def test_swigluoai_small_size_band(dtype):
 
 @pytest.mark.slow
 def test_swigluoai_warmup_builds_both_paths():
-    """After ``customop.warmup`` (bf16), swigluoai_and_mul's band calls (1, 3 and 31 rows, widths
-    warm-up did not see) compile nothing. (Its de-interleaved path through Dynamo, from the 128K
-    threshold, still compiled a graph for a 40 x 3400 request after warm-up before the band too:
-    not covered here.)"""
+    """After ``customop.warmup`` (bf16, in the requests' grad mode: Dynamo guards on it),
+    swigluoai_and_mul's band calls (1, 3 and 31 rows) and its de-interleaved path (40 rows of
+    3400) compile nothing, at widths warm-up did not see."""
     import customop
 
     with use_config(Config(custom_ops=["all"])):
         op = ACT["swigluoai_and_mul"].build()
-    rows = customop.warmup([op], dtypes=(torch.bfloat16,))
+    with torch.no_grad():
+        rows = customop.warmup([op], dtypes=(torch.bfloat16,))
     assert all(r.outcome == "ran" for r in rows)
     before, built = graphs(), standalone.compiles
     with torch.no_grad():
-        for tokens, width in ((1, 1031), (3, 1031), (31, 1031), (2, 4096), (7, 4096)):
+        for tokens, width in ((1, 1031), (3, 1031), (31, 1031), (40, 1700), (2, 4096), (7, 4096)):
             x = act_input("swigluoai_and_mul", tokens, torch.bfloat16, seed=tokens, width=width)
             act_ref.assert_matches(ACT["swigluoai_and_mul"], op, x, op.forward_cpu(x), spec_rounding=True)
             assert graphs() == before and standalone.compiles == built, (tokens, width)
