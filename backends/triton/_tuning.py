@@ -584,6 +584,9 @@ SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
             {"num_warps": 2, "_width": (0, 4096)}, {"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16},
             {"num_warps": 32, "_width": (8192, _INF)},
             {"num_warps": 8, "evict": False, "_tokens": (257, _INF), "_width": (8192, _INF)},
+            # Liger's one-row kernel compiles to the same sm_90 code as 16 warps without the hint
+            # (offline SASS, 2026-12-03), and its Gemma form led at 256 x 8192; never timed here yet
+            {"num_warps": 16, "evict": False, "_width": (8192, 8192)},
             {"block_m": 2, "_tokens": (257, _INF)}, {"programs_per_sm": 1, "_tokens": (257, _INF)},
             {"programs_per_sm": 2, "_tokens": (257, _INF)}, {"programs_per_sm": 4, "_tokens": (257, _INF)},
             {"programs_per_sm": 4, "maxnreg": 32, "_tokens": (257, _INF)})
