@@ -7,11 +7,11 @@ Timing (every implementation the same way): decode sizes (<= 16 tokens) are 20 c
 graph on L2-hot inputs; larger ones (by default, ``--timer graph``) the same graph over enough
 input copies that their traffic is 3x the L2, so the calls stream from HBM, and as many output
 sets (each call's outputs live until its input set comes round again, so fresh outputs reach HBM
-as an in-place op's writes do). Replays are queued behind a device sleep. Why not triton's do_bench: its timed region starts when the device
-reaches the start event, and on the H200's host the Python launch path of these ops (100-240 us
-per call, measured) is longer than do_bench's 256 MB L2 flush before it, so the device idles
-inside the timed region and the numbers were the host's, in phases (the same kernel measured
-30 us and 170 us minutes apart). ``--timer queued`` keeps the flush and queues the calls behind a
+as an in-place op's writes do). Replays are queued behind a device sleep. Why not triton's
+do_bench: its timed region starts when the device reaches the start event, and on the H200's
+host the Python launch path of these ops (100-240 us per call, measured) is longer than
+do_bench's 256 MB L2 flush before it, so the device idles inside the timed region and the numbers
+were the host's, in phases (the same kernel measured 30 us and 170 us minutes apart). ``--timer queued`` keeps the flush and queues the calls behind a
 sleep sized from the measured launch cost (on the H200 still polluted when the host slows down
 mid-run); ``--timer do_bench`` is the old method. Each row also times a device copy moving the
 op's bytes the same way ("% same-size copy"): a reference for what that traffic costs at that
