@@ -26,6 +26,7 @@ import datetime
 import fnmatch
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -60,6 +61,9 @@ _TIMER_CHECK = False
 #: (--reuse-outputs) lets every call's fresh outputs share one L2-resident buffer, the method up
 #: to 2026-12-03
 _KEEP_OUTPUTS = True
+#: --rounds: each implementation is timed this many times, interleaved with the others; its
+#: ``us`` is the median, ``us_rounds`` every round (kept when there is more than one)
+_ROUNDS = 1
 
 
 def log(msg: str) -> None:
@@ -160,6 +164,7 @@ def run_case(spec: OpSpec, shape: Shape, dtype: torch.dtype, impl_names: list[st
     # beyond decode sizes, rotate over input copies whose traffic is 3x the L2, so the timed calls
     # miss it (decode sizes stay L2-hot, as in a real decode step)
     sets = 1 if decode or mode == "do_bench" else min(GRAPH_CALLS, max(1, -(-3 * l2_bytes // max(nbytes, 1))))
+    timed: dict[str, list] = {}  # implementation -> its calls over the input sets, once checked
     for name in impl_names:
         factory = spec.impls.get(name)
         entry: dict[str, Any] = {}
@@ -177,16 +182,31 @@ def run_case(spec: OpSpec, shape: Shape, dtype: torch.dtype, impl_names: list[st
             entry["error"] = err = compare(out, ref)
             entry["ok"] = bool(err <= tol)
             del out
-            fns = [fn] + [f for f in (factory(c) for c in _copies(inputs, sets - 1)) if f is not None]
-            entry["us"] = _time(fns, mode, entry)
-            if _TIMER_CHECK and shape.tokens > 256 and not _DRY_RUN and name in ("customop", "compile"):
-                entry["us_do_bench"] = time_do_bench(fns[0])
+            timed[name] = [fn] + [f for f in (factory(c) for c in _copies(inputs, sets - 1)) if f is not None]
         except Exception as exc:  # one implementation failing must not stop the run
-            entry["failed"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-            log(f"{spec.name} {shape.label} {name}: {entry['failed']}")
+            _failed(spec, shape, name, entry, exc)
+    # the rounds: every implementation once per round, the order reversed every other round, so
+    # that a drift of the device (clocks, a neighbour's load) reaches each one alike
+    for k in range(_ROUNDS):
+        for name in (list(timed) if k % 2 == 0 else list(reversed(timed))):
+            entry = row["impls"][name]
+            if "failed" in entry:
+                continue
+            try:
+                entry.setdefault("us_rounds", []).append(_time(timed[name], mode, entry))
+            except Exception as exc:
+                _failed(spec, shape, name, entry, exc)
+    for name, fns in timed.items():
+        entry = row["impls"][name]
+        if "failed" in entry:
             continue
+        rounds = entry.pop("us_rounds") if _ROUNDS == 1 else entry["us_rounds"]
+        entry["us"] = statistics.median(rounds)
+        if _TIMER_CHECK and shape.tokens > 256 and not _DRY_RUN and name in ("customop", "compile"):
+            entry["us_do_bench"] = time_do_bench(fns[0])
         entry["gbps"] = nbytes / (entry["us"] * 1e-6) / 1e9
         entry["pct_copy"] = 100.0 * entry["gbps"] / copy_gbps
+    del timed
     if not decode and not _DRY_RUN:
         row["copy_same_us"] = copy_us = same_size_copy_us(nbytes, mode, sets)
         row["copy_same_gbps"] = nbytes / (copy_us * 1e-6) / 1e9
@@ -196,6 +216,11 @@ def run_case(spec: OpSpec, shape: Shape, dtype: torch.dtype, impl_names: list[st
     _summarise(row)
     del inputs, ref
     return row
+
+
+def _failed(spec: OpSpec, shape: Shape, name: str, entry: dict, exc: Exception) -> None:
+    entry["failed"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+    log(f"{spec.name} {shape.label} {name}: {entry['failed']}")
 
 
 def _time(fns: list, mode: str, entry: dict) -> float:
@@ -255,6 +280,9 @@ def _summarise(row: dict) -> None:
     if "us" in mine and peers:
         best = min(peers, key=peers.get)
         row["best_peer"], row["speedup"] = best, peers[best] / mine["us"]
+        if "us_rounds" in mine:  # --rounds: the best peer of each round against customop's
+            per_round = zip(mine["us_rounds"], *(row["impls"][n]["us_rounds"] for n in peers))
+            row["speedup_rounds"] = [min(theirs) / ours for ours, *theirs in per_round]
     if "us" in mine and bounds:
         bound = min(bounds, key=bounds.get)
         row["bound"], row["x_bound"] = bound, bounds[bound] / mine["us"]
@@ -277,7 +305,8 @@ def _environment(args: argparse.Namespace, copy_gbps: float) -> dict:
             "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
             "device": "cpu (dry run)" if _DRY_RUN else torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "liger": liger, "python": platform.python_version(), "dtype": args.dtype, "copy_gbps": copy_gbps,
-            "timer": args.timer, "outputs": "reused" if args.reuse_outputs else "one set per input set"}
+            "timer": args.timer, "outputs": "reused" if args.reuse_outputs else "one set per input set",
+            "rounds": args.rounds}
 
 
 # ---- main -------------------------------------------------------------------------------------
@@ -356,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse-outputs", action="store_true",
                         help="graph timer: let every call's fresh outputs share one buffer (the method up to "
                              "2026-12-03; in-place ops then pay for their writes reaching HBM and the rest do not)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time every implementation this many times, interleaved; report each one's median "
+                             "and the per-round speedups' range (a single run ranks within the run-to-run spread)")
     parser.add_argument("--timer-check", action="store_true",
                         help="also time customop and compile (tokens > 256) with triton's do_bench, to compare")
     parser.add_argument("--list", action="store_true", help="print the chosen specs and their shapes (no GPU needed)")
@@ -363,8 +395,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the pipeline on CPU (Triton interpreter, tokens <= 4): checks the specs, not speed")
     args = parser.parse_args(argv)
 
-    global _DRY_RUN, _TIMER, _TIMER_CHECK, _KEEP_OUTPUTS
+    global _DRY_RUN, _TIMER, _TIMER_CHECK, _KEEP_OUTPUTS, _ROUNDS
     _DRY_RUN, _TIMER, _TIMER_CHECK = args.dry_run, args.timer, args.timer_check
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    _ROUNDS = args.rounds
     _KEEP_OUTPUTS = not args.reuse_outputs
     if _DRY_RUN and os.environ.get("TRITON_INTERPRET") != "1":
         # The interpreter must be chosen before triton is first imported (`import customop`

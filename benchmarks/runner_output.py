@@ -54,9 +54,15 @@ def compact(rows: list[dict], copy_gbps: float) -> str:
             us += " WRONG"
         peer = f"{r['impls'][r['best_peer']]['us']:.1f} {r['best_peer']}" if "best_peer" in r else "-"
         pct = f"{mine['pct_copy']:.0f}" if "pct_copy" in mine else "-"
-        speed = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
+        speed = f"{r['speedup']:.2f}x{_round_range(r)}" if "speedup" in r else "-"
         lines.append(f"| {r['op']} | {r['shape']} | {us} | {pct} | {_same_size(r)} | {peer} | {speed} |")
     return "\n".join(lines)
+
+
+def _round_range(r: dict) -> str:
+    """`` (lo-hi)``: the range of the per-round speedups (``--rounds``), or nothing."""
+    rounds = r.get("speedup_rounds")
+    return f" ({min(rounds):.2f}-{max(rounds):.2f})" if rounds and len(rounds) > 1 else ""
 
 
 def targets(rows: list[dict]) -> str:
@@ -74,9 +80,15 @@ def targets(rows: list[dict]) -> str:
         dec = [r["shape"] for r in sp if r["tokens"] <= 16 and r["speedup"] < 1.0]
         wrong = [r["shape"] for r in rs if not r["impls"].get("customop", {}).get("ok", True)
                  or "failed" in r["impls"].get("customop", {})]
-        worst_text = f"{worst['speedup']:.2f}x ({worst['shape']})" if worst else "-"
+        worst_text = f"{worst['speedup']:.2f}x{_round_range(worst)} ({worst['shape']})" if worst else "-"
         cells = [worst_text] + [", ".join(items) or "-" for items in (slow, bw, dec, wrong)]
         out.append(f"| {op} | " + " | ".join(cells) + " |")
+    sp = [r for r in rows if "speedup" in r]
+    below = [r for r in sp if r["speedup"] < 1.0]
+    out.append(f"\nRows below 1.00x the best peer: {len(below)} of {len(sp)}")
+    if any(len(r.get("speedup_rounds", ())) > 1 for r in sp):
+        every = [f"{r['op']} {r['shape']}" for r in below if max(r.get("speedup_rounds", [r["speedup"]])) < 1.0]
+        out[-1] += f"; below in every round: {len(every)}" + (f" ({', '.join(every)})" if every else "")
     return "\n".join(out)
 
 

@@ -194,6 +194,18 @@ def test_bench_tokens_keeps_only_those_shapes(tmp_path):
     assert [r["shape"] for r in rows] == ["16x4096[dry]", "16x8192[dry]"]  # the dry run's labels
 
 
+def test_bench_rounds_time_each_implementation_that_many_times(tmp_path):
+    pytest.importorskip("triton")
+    done = run_cli("bench", "--ops", "rms_norm", "--tokens", "16", "--dry-run", "--impls", "customop,eager",
+                   "--rounds", "3", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["environment"]["rounds"] == 3
+    for row in results["results"]:
+        for entry in row["impls"].values():
+            assert len(entry["us_rounds"]) == 3 and entry["us"] == sorted(entry["us_rounds"])[1]
+
+
 @pytest.mark.parametrize("env, says", [
     ({"CUSTOMOP_PLATFORM": "bogus"}, "known: ['cpu'"),
     ({"CUSTOMOP_CUSTOM_OPS": "rms_norm"}, "'+op'"),
