@@ -70,6 +70,9 @@ class RowConfig:
     #: (looped kernel) the row width and packed-row strides as compile-time constants, as in
     #: Inductor's code for one shape (one compiled kernel per width)
     const_width: bool = False
+    #: (looped kernel) pass 2's stores with ``evict_first``: an in-place op rewrites the lines
+    #: pass 1 kept in L2 (evict_last), which otherwise stay there ahead of the next rows' reads
+    store_evict: bool = False
 
     @property
     def launch_options(self) -> dict[str, int]:
@@ -599,7 +602,12 @@ SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
             for n, w in ((2048, 8), (2048, 16), (4096, 8), (4096, 16)))
     + ({"single_tile": False, "block_n": 8192, "num_warps": 16, "const_width": True, "_tokens": (16, _INF),
         "_width": (8192, _INF)},)
-    + ({"const_width": False, "_tokens": (2049, _INF)},),
+    + ({"const_width": False, "_tokens": (2049, _INF)},)
+    # pass 2's stores marked evict-first (the in-place fused adds at 4096 x 4096 ran ~1 us behind
+    # the same kernel writing fresh buffers, 2026-12-03), alone and with the looped picks' chunks
+    + ({"store_evict": True, "_tokens": (2049, _INF)},)
+    + tuple({"single_tile": False, "block_n": n, "num_warps": w, "const_width": True, "store_evict": True,
+             "_tokens": (2049, _INF)} for n, w in ((2048, 8), (4096, 16))),
     "rotary": ({"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16}, {"min_splits": 2}),
     "group": tuple({"block_m": m, "num_warps": w} for m, w in ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8))),
 }

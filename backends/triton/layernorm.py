@@ -105,11 +105,11 @@ def _load(ptrs, mask, MASKED: tl.constexpr, POLICY: tl.constexpr):
 
 
 @triton.jit
-def _store(ptrs, value, mask, MASKED: tl.constexpr):
+def _store(ptrs, value, mask, MASKED: tl.constexpr, POLICY: tl.constexpr = ""):
     if MASKED:
-        tl.store(ptrs, value, mask=mask)
+        tl.store(ptrs, value, mask=mask, eviction_policy=POLICY)
     else:
-        tl.store(ptrs, value)
+        tl.store(ptrs, value, eviction_policy=POLICY)
 
 
 @triton.jit
@@ -181,7 +181,7 @@ def _norm_block(
 def _norm_looped_row(
     x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, n_cols, x_stride, res_stride, out_stride, g_stride,
     ro_stride, eps, KIND: tl.constexpr, GATE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr, STORE_POLICY: tl.constexpr,
 ):
     """One row per program, in BLOCK_N chunks. Pass 1 reads the row (kept in L2) for its
     statistics: the sum of squares (RMS kinds) or, for the layer norms, a per-lane Welford mean
@@ -189,7 +189,8 @@ def _norm_looped_row(
     them all), merged across lanes at the end. Pass 2 re-reads it from L2 and writes; an in-place
     residual is rewritten only there, chunk by chunk, after being read. WIDTH > 0: n_cols, with
     every tensor's rows packed (strides n_cols), as compile-time constants, as in Inductor's code
-    for one shape: constant loop bounds and offsets, and no bounds checks when BLOCK_N divides it."""
+    for one shape: constant loop bounds and offsets, and no bounds checks when BLOCK_N divides it.
+    STORE_POLICY: pass 2's stores' eviction policy ("": none; RowConfig.store_evict)."""
     X_DTYPE = x_ptr.dtype.element_ty
     W_DTYPE = w_ptr.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
@@ -235,13 +236,14 @@ def _norm_looped_row(
             g = _load(g_row + cols, mask, MASKED, "evict_first")
         if HAS_RESIDUAL:
             x = _add_residual(x, _load(r_row + cols, mask, MASKED, "evict_first"), X_DTYPE, KIND)
-            _store(ro_row + cols, _residual_out(x, X_DTYPE, ro_ptr.dtype.element_ty, KIND), mask, MASKED)
+            _store(ro_row + cols, _residual_out(x, X_DTYPE, ro_ptr.dtype.element_ty, KIND), mask, MASKED,
+                   STORE_POLICY)
         w = _load(w_ptr + cols, mask, MASKED, "evict_last") if HAS_WEIGHT else 0.0
         y = _weighted((x - mean) * rstd, w, W_DTYPE, HAS_WEIGHT, KIND)
         if HAS_BIAS:
             y = y + _load(b_ptr + cols, mask, MASKED, "evict_last").to(tl.float32)
         y = _gated_out(y, g, GATE)
-        _store(o_row + cols, y.to(out_ptr.dtype.element_ty), mask, MASKED)
+        _store(o_row + cols, y.to(out_ptr.dtype.element_ty), mask, MASKED, STORE_POLICY)
 
 
 @triton.jit
@@ -252,7 +254,7 @@ def _norm_kernel(
     SINGLE_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
     PERSISTENT: tl.constexpr = False, ROW_MASK: tl.constexpr = 2, EVEN_N: tl.constexpr = False,
     INT64: tl.constexpr = True, W_FIRST: tl.constexpr = False, POLICY: tl.constexpr = "evict_first",
-    GATE: tl.constexpr = 0, WIDTH: tl.constexpr = 0,
+    GATE: tl.constexpr = 0, WIDTH: tl.constexpr = 0, STORE_POLICY: tl.constexpr = "",
 ):
     """The row norms (KIND: RMS, GEMMA, RMS_FP32, LAYER, NEMOTRON; GATE: times silu / sigmoid
     of g after the norm). x + residual is stored into ro (the residual itself for the in-place
@@ -291,7 +293,7 @@ def _norm_kernel(
     else:
         _norm_looped_row(x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, n_cols, x_stride, res_stride,
                          out_stride, g_stride, ro_stride, eps, KIND, GATE, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N,
-                         WIDTH)
+                         WIDTH, STORE_POLICY)
 
 
 # ---- launchers --------------------------------------------------------------------------------
@@ -329,7 +331,8 @@ def _launch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
             HAS_BIAS=bias is not None, SINGLE_TILE=cfg.single_tile, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
             STAGES=stages, PERSISTENT=grid[0] < blocks, ROW_MASK=row_mask,
             EVEN_N=cfg.even and cfg.block_n == n_cols, INT64=int64, W_FIRST=cfg.w_first,
-            POLICY="evict_first" if cfg.evict else "", GATE=gate_kind.value, WIDTH=width, **cfg.launch_options)
+            POLICY="evict_first" if cfg.evict else "", GATE=gate_kind.value, WIDTH=width,
+            STORE_POLICY="evict_first" if cfg.store_evict else "", **cfg.launch_options)
 
 
 def _offsets_fit(rows: int, width: int, strides: tuple[int, ...]) -> bool:

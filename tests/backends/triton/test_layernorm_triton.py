@@ -175,6 +175,9 @@ _CODEGEN = [
     (13, 128, _tuning.RowConfig(2, 128, 4, True, programs_per_sm=1, even=False, w_first=False),
      {"ROW_MASK": 2, "PERSISTENT": True, "INT64": False}),
     (7, 37, _tuning.RowConfig(1, 64, 1, True, evict=False), {"ROW_MASK": 0, "EVEN_N": False, "POLICY": ""}),
+    # the looped kernel (a tail chunk) with pass 2's stores marked evict-first, and without
+    (13, 100, _tuning.RowConfig(1, 64, 2, False, store_evict=True), {"SINGLE_TILE": False, "STORE_POLICY": "evict_first"}),
+    (13, 100, _tuning.RowConfig(1, 64, 2, False), {"SINGLE_TILE": False, "STORE_POLICY": ""}),
 ]
 
 
