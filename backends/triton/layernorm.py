@@ -105,7 +105,7 @@ def _load(ptrs, mask, MASKED: tl.constexpr, POLICY: tl.constexpr):
 
 
 @triton.jit
-def _store(ptrs, value, mask, MASKED: tl.constexpr, POLICY: tl.constexpr = ""):
+def _store(ptrs, value, mask, MASKED: tl.constexpr, POLICY: tl.constexpr):
     if MASKED:
         tl.store(ptrs, value, mask=mask, eviction_policy=POLICY)
     else:
@@ -162,7 +162,7 @@ def _norm_block(
         x = _add_residual(x, _load(res_ptr + rows[:, None] * res_stride + cols[None, :], mask, MASKED, POLICY),
                           X_DTYPE, KIND)
         _store(ro_ptr + rows[:, None] * ro_stride + cols[None, :],
-               _residual_out(x, X_DTYPE, ro_ptr.dtype.element_ty, KIND), mask, MASKED)
+               _residual_out(x, X_DTYPE, ro_ptr.dtype.element_ty, KIND), mask, MASKED, "")
     if KIND >= LAYER:
         x = x - (tl.sum(x, axis=1) / n_cols)[:, None]
         if MASK_N:  # padded lanes are 0 - mean: out of the variance
@@ -174,7 +174,7 @@ def _norm_block(
     if HAS_BIAS:
         y = y + b.to(tl.float32)
     y = _gated_out(y, g, GATE)
-    _store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask, MASKED)
+    _store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask, MASKED, "")
 
 
 @triton.jit
