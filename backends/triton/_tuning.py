@@ -186,14 +186,17 @@ LOOP_ROW: dict[str, tuple[int, int]] = {"cuda": (8192, 16)}
 #: the row's; 8192: 256 keeps those rows on the single tile). Same sweep, 256 x 4096, single tile
 #: -> looped (compile): rms_norm 2.71 -> 2.53-2.74 (2.69), gemma 2.79 -> 2.53 (2.66), fused gated
 #: 3.44 -> 3.13 (3.68); a scratch run the same day: rms_norm 2.64 -> 2.50 (2.50). Where it lost:
-#: 16 x 4096 (1.68 -> 1.76), 256 x 8192 (3.69 -> 3.95); 17-255 rows were not measured.
+#: 16 x 4096 (1.68 -> 1.76), 256 x 8192 (3.69 -> 3.95); 17-255 rows were not measured. Dropped
+#: for the RMSNorm family on 2026-12-03, when the runner's timer gave every input set its own
+#: outputs (tenth day): the single tile (8 warps) then led at 130 / 192 / 256 x 4096, rms_norm
+#: 2.48 / 3.08 / 3.32 -> 2.28 / 2.83 / 3.14 us (Liger 2.42 / 2.96 / 3.24), gemma 2.50 / 3.10 /
+#: 3.34 -> 2.31 / 2.82 / 3.22 (Liger 2.36 / 2.91 / 3.19). The fused gated norms keep it (not re-measured).
 #: ``residual_lanes_per_warp``: the fused adds' lanes per warp by width (the default elsewhere).
 #: Same sweep, x 8192, 16 -> 32 warps (compile): fused add 4096 / 32768 rows 67.20 / 511.65 ->
 #: 66.34 / 502.32 (66.43 / 503.52), gemma's 66.80 / 513.59 -> 66.49 / 503.98 (66.29 / 504.57).
 RMS_LOOPED: dict[str, dict[str, Any]] = {
     "cuda": {"min_rows": {4096: 8192, 8192: 2048}, "residual_min_rows": {4096: 2048}, "max_chunk": 4096,
-             "lanes_per_warp": 256, "const_width": True, "decode_min_rows": {4096: 128, 8192: 256},
-             "residual_lanes_per_warp": {8192: 128}},
+             "lanes_per_warp": 256, "const_width": True, "residual_lanes_per_warp": {8192: 128}},
 }
 #: Per-variant changes to the row-norm picks above (``variant`` of rms_config: "rms" the RMSNorm
 #: family, "layer" the layer norms, "gated" the fused gated norms). H200 sweep 2026-12-02, bf16,
@@ -603,6 +606,8 @@ SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
     + ({"single_tile": False, "block_n": 8192, "num_warps": 16, "const_width": True, "_tokens": (16, _INF),
         "_width": (8192, _INF)},)
     + ({"const_width": False, "_tokens": (2049, _INF)},)
+    # the single tile where a decode-class pick loops (the fused gated norms' decode_min_rows)
+    + tuple({"single_tile": True, "num_warps": w, "_tokens": (129, 256), "_width": (4096, 4096)} for w in (4, 8, 16))
     # pass 2's stores marked evict-first (the in-place fused adds at 4096 x 4096 ran ~1 us behind
     # the same kernel writing fresh buffers, 2026-12-03), alone and with the looped picks' chunks
     + ({"store_evict": True, "_tokens": (2049, _INF)},)

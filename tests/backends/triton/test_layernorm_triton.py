@@ -272,8 +272,9 @@ def test_rms_size_classes_and_sweep_filters():
     assert _tuning._rms_config("cuda", 132, 32768, 8192) == _tuning.RowConfig(1, 4096, 16, False, const_width=True)
     # the fused adds at 8192 lanes: 128 lanes per warp (residual_lanes_per_warp)
     assert _tuning._rms_config("cuda", 132, 32768, 5120, True) == _tuning.RowConfig(1, 4096, 32, False, const_width=True)
-    # decode_min_rows: 129-256 rows of 4096 lanes without a residual loop over the whole row
-    assert _tuning._rms_config("cuda", 132, 256, 4096) == _tuning.RowConfig(1, 4096, 16, False, const_width=True)
+    # decode_min_rows (the fused gated norms only): 129-256 rows of 4096 lanes without a residual
+    # loop over the whole row; the RMSNorm family keeps the single tile there
+    assert _tuning._rms_config("cuda", 132, 256, 4096) == _tuning.RowConfig(1, 4096, 8, True)
     assert _tuning._rms_config("cuda", 132, 129, 4096, variant="gated") == _tuning.RowConfig(1, 4096, 16, False,
                                                                                              const_width=True)
     assert _tuning._rms_config("cuda", 132, 128, 4096).single_tile
