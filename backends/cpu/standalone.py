@@ -93,24 +93,30 @@ class Family:
     (``CpuTiers.standalone_family``), so a call hashes only its shape class.
 
     ``dynamic_hidden``: the artifacts are traced with the width symbolic too and serve every width
-    that passes their recorded width guards (``standalone_compile.Widths``); False: one artifact per width."""
+    that passes their recorded width guards (``standalone_compile.Widths``); False: one artifact per
+    width. ``aligned``: calls of two or more rows whose width is a multiple of ``_ALIGNED`` run a
+    second width-dynamic artifact traced as ``_ALIGNED`` x a symbol (``_aligned_artifact``)."""
 
-    __slots__ = ("form", "options", "dynamic_hidden", "artifacts")
+    __slots__ = ("form", "options", "dynamic_hidden", "aligned", "artifacts")
 
-    def __init__(self, form: Callable[..., Any], options: dict[str, Any], dynamic_hidden: bool = False) -> None:
+    def __init__(self, form: Callable[..., Any], options: dict[str, Any], dynamic_hidden: bool = False,
+                 aligned: bool = False) -> None:
         self.form, self.options, self.dynamic_hidden = form, options, dynamic_hidden
+        self.aligned = aligned and dynamic_hidden
         self.artifacts: dict[tuple[Any, ...], Any] = {}
 
 
 _families: dict[tuple[Any, ...], Family] = {}
 
 
-def family(form: Callable[..., Any], options: dict[str, Any], dynamic_hidden: bool = False) -> Family:
-    """The one ``Family`` of ``form`` compiled with ``options`` (width-dynamic or per width)."""
-    key = (form, tuple(sorted(options.items())), dynamic_hidden)
+def family(form: Callable[..., Any], options: dict[str, Any], dynamic_hidden: bool = False,
+           aligned: bool = False) -> Family:
+    """The one ``Family`` of ``form`` compiled with ``options`` (width-dynamic or per width; with
+    ``aligned``, an aligned artifact for widths that are multiples of ``_ALIGNED``)."""
+    key = (form, tuple(sorted(options.items())), dynamic_hidden, aligned)
     fam = _families.get(key)
     if fam is None:
-        fam = _families[key] = Family(form, dict(options), dynamic_hidden)
+        fam = _families[key] = Family(form, dict(options), dynamic_hidden, aligned)
     return fam
 
 
@@ -188,6 +194,8 @@ def run(fam: Family, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, A
     if type(art) is not Widths:
         out = art(*tensors)
     elif art.serves(hidden):
+        if fam.aligned and not hidden % _ALIGNED and rows > 1 and hidden >= 2 * _ALIGNED and art.quantum < _ALIGNED:
+            art = _aligned_artifact(fam, art, hidden, x, tensors, args, kwargs)
         out = art.fn(hidden // art.quantum, *tensors)  # the width symbol's value first
     else:  # a width its guards exclude: the artifact of its width class (or of this width alone),
         # never the shared one, so never a wrong result
@@ -368,6 +376,31 @@ def _artifact(fam: Family, key: tuple[Any, ...], x: torch.Tensor, tensors: list[
         fam.artifacts[per_width] = art
     else:
         fam.artifacts[key] = art
+    return art
+
+
+#: ``Family.aligned``: widths that are a multiple of this run an artifact traced as this x a symbol
+#: (a multiple of both vector lengths, 16 fp32 and 32 bf16 lanes). The shared artifact's code tests
+#: every vector step of a row for the row's tail (masked loads and stores for a width that is not
+#: a multiple of the vector): at 4096x28672 fp32 its silu_and_mul kernel took 30.4-31.3 ms against
+#: 29.8 for torch.compile's per-shape code and for the aligned artifact (the kernels alone, into
+#: one output; docs/cpu.md, "The 4096x28672 gated rows"). One more artifact per shape class of two
+#: or more rows (warm-up's width 256 builds it).
+_ALIGNED = 64
+
+
+def _aligned_artifact(fam: Family, art: Widths, hidden: int, x: torch.Tensor, tensors: list[torch.Tensor],
+                      args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Widths:
+    """``art``'s aligned counterpart where it serves ``hidden`` (a multiple of ``_ALIGNED``, at
+    least two of it), built on first use and kept on ``art``; else ``art`` itself (the aligned
+    build refused or failed, logged once, or a width the aligned one's guards exclude)."""
+    aligned = art.aligned
+    if aligned is None:
+        aligned = _build(fam, x, tensors, args, kwargs or {}, True, _ALIGNED)
+        # a trace that fixed the width serves only that width; refused: remembered as False
+        art.aligned = aligned = aligned if aligned is not None and aligned.quantum >= _ALIGNED else False
+    if aligned is not False and aligned.serves(hidden):
+        return aligned
     return art
 
 

@@ -27,12 +27,16 @@ class Widths:
     ``quantum``: the width was traced as ``quantum`` x a symbol, whose value (``width //
     quantum``) the artifact takes as its first argument."""
 
-    __slots__ = ("fn", "guards", "rows", "width", "quantum", "verdicts")
+    __slots__ = ("fn", "guards", "rows", "width", "quantum", "verdicts", "aligned")
 
     def __init__(self, fn: Callable[..., Any], guards: list[Any], rows: Any, width: Any, quantum: int,
                  traced: int) -> None:
         self.fn, self.guards, self.rows, self.width, self.quantum = fn, guards, rows, width, quantum
         self.verdicts: dict[int, bool] = {traced: True}  # the traced width (checked at build)
+        #: the family's artifact for this one's widths that are multiples of ``standalone._ALIGNED``
+        #: (``standalone._aligned_artifact``; None: not built yet, False: refused), kept here so that
+        #: a call finds it without hashing its key again
+        self.aligned: Any = None
 
     def serves(self, width: int) -> bool:
         ok = self.verdicts.get(width)

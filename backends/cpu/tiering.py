@@ -80,6 +80,10 @@ class CpuTiers:
     feature_dims: int = 1
     emulate_casts: bool = False
     standalone: bool = False
+    #: the standalone route's threaded artifacts of two or more rows: widths that are multiples of
+    #: 64 run one traced as 64 x a symbol, whose code has no per-row vector tail
+    #: (``standalone._ALIGNED``); warm-up at width 256 builds it with the shared one
+    aligned_widths: bool = False
     native_from: float = math.inf
     #: fn -> (what ``compiled`` gave for it, the generation and the two resolvers it came from): the
     #: compile cache's key is a dict of options made into a frozenset, ~1 us a call to rebuild
@@ -132,7 +136,8 @@ class CpuTiers:
             return hit[0]
         form, options = self.form(fn)
         fam = standalone.family(form, {**options, **ONE_THREAD} if one_thread else options,
-                                dynamic_hidden=self.dynamic_hidden)
+                                dynamic_hidden=self.dynamic_hidden,
+                                aligned=self.aligned_widths and not one_thread)  # small calls: tails matter little
         cache[fn] = (fam, compiled_form)
         return fam
 

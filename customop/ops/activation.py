@@ -117,9 +117,21 @@ RELU2_BF16_MIN_NUMEL = 1 << 16
 RELU2_FP16_MIN_NUMEL = 1 << 12
 
 
-def _low_precision_from(fp32_and_fp64: int, bf16_and_fp16: int) -> CpuTiers:
+def _low_precision_from(fp32_and_fp64: int, bf16_and_fp16: int, aligned_widths: bool = False) -> CpuTiers:
     return CpuTiers(fp32_and_fp64, by_dtype={torch.bfloat16: bf16_and_fp16, torch.float16: bf16_and_fp16},
-                    standalone=True)
+                    standalone=True, aligned_widths=aligned_widths)
+
+
+#: silu_and_mul and mul_and_silu: x of a width that is a multiple of 64 (and 2+ rows) runs an
+#: artifact traced as 64 x a symbol (``CpuTiers.aligned_widths``): the shared width-dynamic code
+#: tests each 16-lane (fp32) or 32-lane (bf16) step of a row for the row's tail, which cost their
+#: fp32 kernels 1.3-2.7% at 4096x28672 (silu: 30.4-31.3 ms against 29.8 for the aligned artifact
+#: and for torch.compile's per-shape code, the kernels alone into one output), mul_and_silu bf16
+#: 3.6-5.1% with fresh outputs, and ~2% of silu's fp32 calls at 64-256 x 28672; gelu_and_mul and
+#: fatrelu_and_mul measured within 1% (docs/cpu.md, "The 4096x28672 gated rows"). Warm-up's width
+#: 256 builds it with the shared artifact.
+SILU_GATED_CPU_TIERS = _low_precision_from(GATED_FEW_KERNELS_FP32_MIN_NUMEL, GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL,
+                                           aligned_widths=True)
 
 
 # ---- the ops ----------------------------------------------------------------------------------
@@ -190,7 +202,7 @@ class SiluAndMul(_Activation):
     gated = True
     #: with the route on, 1.16-1.34x compile from 16x8192 bf16 and 64x8192 fp32, the other gated
     #: ops' thresholds (benchmarks/results/cpu_activation.md, 2026-12-02)
-    cpu_tiers = _low_precision_from(GATED_FEW_KERNELS_FP32_MIN_NUMEL, GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL)
+    cpu_tiers = SILU_GATED_CPU_TIERS
     compile_native_default = True
 
 
@@ -201,7 +213,7 @@ class MulAndSilu(_Activation):
     math_fn = staticmethod(mul_and_silu)
     eager_fn = staticmethod(eager.mul_and_silu)
     gated = True
-    cpu_tiers = _low_precision_from(GATED_FEW_KERNELS_FP32_MIN_NUMEL, GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL)
+    cpu_tiers = SILU_GATED_CPU_TIERS
 
 
 @CustomOp.register("gelu_and_mul")
