@@ -128,8 +128,8 @@ def _low_precision_from(fp32_and_fp64: int, bf16_and_fp16: int, aligned_widths: 
 #: fp32 kernels 1.3-2.7% at 4096x28672 (silu: 30.4-31.3 ms against 29.8 for the aligned artifact
 #: and for torch.compile's per-shape code, the kernels alone into one output), mul_and_silu bf16
 #: 3.6-5.1% with fresh outputs, and ~2% of silu's fp32 calls at 64-256 x 28672; gelu_and_mul and
-#: fatrelu_and_mul measured within 1% (docs/cpu.md, "The 4096x28672 gated rows"). Warm-up's width
-#: 256 builds it with the shared artifact.
+#: fatrelu_and_mul gained nothing from it (docs/cpu.md, "The 4096x28672 gated rows"). Warm-up's
+#: width 256 builds it with the shared artifact.
 SILU_GATED_CPU_TIERS = _low_precision_from(GATED_FEW_KERNELS_FP32_MIN_NUMEL, GATED_FEW_KERNELS_LOW_PRECISION_MIN_NUMEL,
                                            aligned_widths=True)
 
