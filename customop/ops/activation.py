@@ -386,6 +386,15 @@ def _deinterleave(x: torch.Tensor) -> torch.Tensor:
     return x.unflatten(-1, (-1, 2)).transpose(-1, -2).contiguous().flatten(-2)
 
 
+#: swigluoai_and_mul in bf16/fp16 up to 64K elements: the interleaved spec's standalone artifact
+#: (2 threads) beat the eager tier at 1-8 rows of 8192 (1.10-1.46x torch.compile against
+#: 0.90-1.16x; one thread lost at 2 rows, 0.85-0.90x). From 9 rows ATen's eager kernels run on two
+#: threads (each half above its 32K grain) and won again (12 rows: 1.39-1.41x against 1.06-1.09x),
+#: up to the 128K threshold. fp32 keeps the eager tier (1.2-1.4x at 1-8 rows, a tie with the
+#: artifact). 2 threads, best of 15 rounds, two runs each (BENCHMARKS.md, "issue 18, CPU, ninth day")
+_SWIGLUOAI_BAND = CpuTiers(math.inf, standalone=True, compiled_up_to=1 << 16)
+
+
 @CustomOp.register("swigluoai_and_mul")
 class SwigluOAIAndMul(_Activation):
     """GPT-OSS's clamped SwiGLU on interleaved (gate, up) lanes."""
@@ -422,15 +431,6 @@ class SwigluOAIAndMul(_Activation):
                     return out
         return run_tiered(self.cpu_tiers, swigluoai_and_mul, x, self.alpha, self.limit, eager=self.eager_fn,
                           compiled_spec=swigluoai_on_halves, prepare=_deinterleave)
-
-
-#: swigluoai_and_mul in bf16/fp16 up to 64K elements: the interleaved spec's standalone artifact
-#: (2 threads) beat the eager tier at 1-8 rows of 8192 (1.10-1.46x torch.compile against
-#: 0.90-1.16x; one thread lost at 2 rows, 0.85-0.90x). From 9 rows ATen's eager kernels run on two
-#: threads (each half above its 32K grain) and won again (12 rows: 1.39-1.41x against 1.06-1.09x),
-#: up to the 128K threshold. fp32 keeps the eager tier (1.2-1.4x at 1-8 rows, a tie with the
-#: artifact). 2 threads, best of 15 rounds, two runs each (BENCHMARKS.md, "issue 18, CPU, ninth day")
-_SWIGLUOAI_BAND = CpuTiers(math.inf, standalone=True, compiled_up_to=1 << 16)
 
 
 @CustomOp.register("swiglustep_and_mul")
