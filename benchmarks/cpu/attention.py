@@ -3,7 +3,7 @@
 - ``encoder`` (the default: the commands recorded in benchmarks/results/cpu_attention.md still run
   without it): encoder attention (``mm_encoder_attn``), the spec's segment loop vs SDPA's CPU flash
   kernel on the whole packed sequence with a block-diagonal mask vs ``forward_cpu`` (runs of equal
-  segments batched into one SDPA call each);
+  segments batched into one SDPA call each) vs ``torch.compile(forward_native)``;
 - ``rel_pos``: SAM attention with decomposed relative positions (``rel_pos_attention``), the spec
   vs ``forward_cpu`` (the bias built in blocks) vs ``torch.compile(forward_native)``, plus the
   blocked form at other block sizes;
@@ -12,7 +12,7 @@
   library ops' CPU bodies) vs ``forward_cpu``.
 
     .venv/bin/python -m benchmarks.cpu.attention [encoder] [--dtypes fp32,bf16] [--heads 16x80,16x64]
-        [--packings 1024/4,...] [--mask-max-tokens 4096] [--no-mask] [TIMING]
+        [--packings 1024/4,...] [--mask-max-tokens 4096] [--no-mask] [--no-compile] [TIMING]
     .venv/bin/python -m benchmarks.cpu.attention rel_pos [--dtypes fp32,bf16] [--heads 12x64]
         [--grids 1x14x14,25x14x14,1x64x64] [--blocks 20,24,all] [TIMING]
     .venv/bin/python -m benchmarks.cpu.attention mla [--dtypes bf16,fp32] [--cases decode:1x512,...]
@@ -45,6 +45,13 @@ from customop.ops.mla import MLAModules, MultiHeadLatentAttentionWrapper
 from customop.ops.rotary_embedding.deepseek_yarn import DeepseekScalingRotaryEmbedding
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def fresh_compile(fn):
+    """``torch.compile(fn)`` with static shapes on an empty Dynamo cache: each case gets its own
+    graph, and many cases never reach Dynamo's recompile limit."""
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
 
 
 # ---- encoder: mm_encoder_attn ---------------------------------------------------------------------
@@ -80,6 +87,7 @@ def add_encoder_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--packings", default=",".join(PACKINGS))
     parser.add_argument("--mask-max-tokens", type=int, default=4096)
     parser.add_argument("--no-mask", action="store_true")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile(forward_native) column")
 
 
 def run_encoder(args: argparse.Namespace) -> None:
@@ -87,14 +95,20 @@ def run_encoder(args: argparse.Namespace) -> None:
     ``T/mixed`` is T tokens in segments of uneven lengths (windows of 64 with one odd-sized image).
     Every path is checked against the loop (bitwise for ``forward_cpu``). The masked path does
     ``T^2`` work where the others do ``sum(L_i^2)``: skipped with ``--no-mask`` and above
-    ``--mask-max-tokens``."""
+    ``--mask-max-tokens``. ``compile`` is ``torch.compile(forward_native)`` with static shapes, a
+    fresh graph per case (the segment lengths are read on the host, so Dynamo traces the loop
+    unrolled for this case's lengths; skipped with ``--no-compile``). Ratios: the loop's time over
+    the masked path's and ``forward_cpu``'s (p5), and ``compile``'s over ``forward_cpu``'s as
+    ``p5 / median``."""
     clock = start_run(args)
     print("| dtype | heads | packing | loop = forward_native (ms) | masked packed SDPA (ms) | forward_cpu (ms) | "
-          "masked x | forward_cpu x |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+          "compile (ms) | masked x | forward_cpu x | forward_cpu x compile |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    cell = lambda m: "-" if m is None else f"{m[0] / 1e3:.2f} / {m[1] / 1e3:.2f}"  # noqa: E731
     with torch.no_grad():
         for dtype_name in args.dtypes.split(","):
             dtype = DTYPES[dtype_name]
+            tolerance = 1e-4 if dtype == torch.float32 else 3e-2
             for heads in args.heads.split(","):
                 h, d = (int(n) for n in heads.split("x"))
                 with use_config(Config(custom_ops=["all"])):
@@ -104,21 +118,25 @@ def run_encoder(args: argparse.Namespace) -> None:
                     t = sum(lengths)
                     q, k, v = (torch.randn(1, t, h * d).to(dtype) for _ in range(3))
                     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-                    paths = [lambda: op.forward_native(q, k, v, cu), lambda: op.forward_cpu(q, k, v, cu)]
-                    want = paths[0]()
-                    assert torch.equal(paths[1](), want), "forward_cpu is not bitwise the loop"
-                    use_mask = not args.no_mask and t <= args.mask_max_tokens
-                    if use_mask:
-                        paths.append(lambda: masked(op, q, k, v, cu))
-                        err = (paths[2]().float() - want.float()).abs().max().item()
-                        assert err < (1e-4 if dtype == torch.float32 else 3e-2), f"masked path off by {err}"
-                    times = time_us(paths, args.min_time, clock)
-                    loop, ours = times[0], times[1]
-                    mask = times[2] if use_mask else None
-                    cell = lambda m: "-" if m is None else f"{m[0] / 1e3:.2f} / {m[1] / 1e3:.2f}"  # noqa: E731
+                    paths = {"loop": lambda: op.forward_native(q, k, v, cu),
+                             "ours": lambda: op.forward_cpu(q, k, v, cu)}
+                    want = paths["loop"]()
+                    assert torch.equal(paths["ours"](), want), "forward_cpu is not bitwise the loop"
+                    if not args.no_mask and t <= args.mask_max_tokens:
+                        paths["mask"] = lambda: masked(op, q, k, v, cu)
+                    if not args.no_compile:
+                        compiled = fresh_compile(op.forward_native)
+                        paths["compile"] = lambda compiled=compiled: compiled(q, k, v, cu)
+                    for name in ("mask", "compile"):
+                        if name in paths:
+                            err = (paths[name]().float() - want.float()).abs().max().item()
+                            assert err < tolerance, f"{name} path off by {err}"
+                    times = dict(zip(paths, time_us(list(paths.values()), args.min_time, clock)))
+                    loop, ours, mask, comp = (times.get(n) for n in ("loop", "ours", "mask", "compile"))
                     ratio = "-" if mask is None else f"{loop[0] / mask[0]:.2f}"
+                    vs_compile = "-" if comp is None else f"{comp[0] / ours[0]:.2f} / {comp[1] / ours[1]:.2f}"
                     print(f"| {dtype_name} | {heads} | {packing} | {cell(loop)} | {cell(mask)} | {cell(ours)} | "
-                          f"{ratio} | {loop[0] / ours[0]:.2f} |", flush=True)
+                          f"{cell(comp)} | {ratio} | {loop[0] / ours[0]:.2f} | {vs_compile} |", flush=True)
 
 
 # ---- rel_pos: rel_pos_attention -------------------------------------------------------------------
@@ -169,7 +187,7 @@ def run_rel_pos(args: argparse.Namespace) -> None:
                 x = torch.randn(batch, height, width, h * d).to(dtype)
                 params = (op.qkv.weight, op.qkv.bias, op.proj.weight, op.proj.bias, op.num_heads, op.rel_pos_h,
                           op.rel_pos_w)
-                compiled = torch.compile(op.forward_native, dynamic=False)
+                compiled = fresh_compile(op.forward_native)
                 paths = [lambda: op.forward_native(x), lambda: op.forward_cpu(x), lambda: compiled(x)]
                 for b in blocks:
                     size = batch * h * (height * width) ** 2 if b == "all" else 1 << int(b)
@@ -289,8 +307,7 @@ def run_mla(args: argparse.Namespace) -> None:
             for case in args.cases.split(","):
                 pos, hidden, cache, meta = mla_batch(case, op, args.block_size, dtype, gen)
                 want = reference.forward_native(pos, hidden.double(), cache.double(), meta)
-                torch._dynamo.reset()  # a fresh graph per case: static shapes, no recompile limit
-                compiled = torch.compile(op.forward_native, dynamic=False)
+                compiled = fresh_compile(op.forward_native)
                 fns = {"forward_native": op.forward_native, "compile": compiled, "forward_kernel": op.forward_kernel,
                        "forward_cpu": op.forward_cpu}
                 paths = {n: lambda fn=fns[n]: fn(pos, hidden, cache, meta) for n in names}
@@ -306,8 +323,8 @@ def run_mla(args: argparse.Namespace) -> None:
 
 # ---- the command line ------------------------------------------------------------------------------
 
-FAMILIES = {"encoder": ("mm_encoder_attn: segment loop vs masked packed SDPA vs forward_cpu", add_encoder_args,
-                         run_encoder),
+FAMILIES = {"encoder": ("mm_encoder_attn: segment loop vs masked packed SDPA vs forward_cpu vs compile",
+                         add_encoder_args, run_encoder),
             "rel_pos": ("rel_pos_attention: spec vs forward_cpu vs compile, blocked forms", add_rel_pos_args,
                         run_rel_pos),
             "mla": ("multi_head_latent_attention: spec vs compile vs forward_kernel vs forward_cpu", add_mla_args,

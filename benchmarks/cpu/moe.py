@@ -7,7 +7,12 @@
 Experts, routing given (top-k ids and weights are inputs, as in the GPU spec): ``spec`` (the loop
 with fp32 GEMMs: forward_native), ``per_expert`` (the loop with GEMMs in the weights' dtype),
 ``grouped`` (``torch._grouped_mm``), ``compiled`` (Inductor on ``grouped``, dynamic shapes: one
-graph for every token count), and ``forward_cpu`` (what the op runs now). Where IPEX imports (its
+graph for every token count), ``native_compile`` (``torch.compile`` of the spec, the function
+the op's ``forward_native`` runs, static shapes, a fresh Dynamo cache per row: what a user who
+compiles ``forward_native`` gets; the spec's expert loop reads ``nonzero``, a graph break inside a
+loop, so Dynamo runs that frame eagerly and compiles only what it calls: the last column says
+what it made) and ``forward_cpu`` (what the op runs now; ``x native_compile`` is
+``native_compile``'s time over ``forward_cpu``'s). Where IPEX imports (its
 venv: torch 2.8, .ci/xpu.sh) two more columns: ``ipex`` (``GatedMLPMOE`` through the XPU backend's
 wrapper, ``backends/xpu/ipex_moe.py``, unprepacked as it runs there) and ``ipex_prepack`` (the same
 module built with ``use_prepack=True``, on copies of the weights: prepacking repacks them in place).
@@ -29,6 +34,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
+from torch._dynamo.utils import counters
 from torch.utils.weak import WeakIdKeyDictionary
 
 from customop.math import moe as moe_math
@@ -113,6 +119,8 @@ def bench_experts(model: str, tokens: int, dtype: torch.dtype, rounds: int) -> s
     grouped_ok = moe_cpu.GROUPED_MM_ON_CPU
     fns = {name: (lambda f=f: f(*args)) for name, f in (*moe_cpu.FORMULATIONS.items(), *IPEX.items())
            if (name not in ("grouped", "compiled") or grouped_ok) and (name != "compiled" or dtype == torch.bfloat16)}
+    native, made = compile_native(args)
+    fns["native_compile"] = lambda: native(*args)
     fns["forward_cpu"] = lambda: moe_cpu.fused_experts(*args)
     # the reference: the spec in float64 on the same inputs
     want = moe_math.fused_experts(*(t.double() if t.is_floating_point() else t for t in args))
@@ -121,15 +129,28 @@ def bench_experts(model: str, tokens: int, dtype: torch.dtype, rounds: int) -> s
     t = time_interleaved(fns, rounds if tokens * k * h * i < 1 << 30 else max(3, rounds // 2))
     us = {n: v * 1e6 for n, v in t.items()}
     flops = 2 * 3 * tokens * k * h * i
-    best = min((n for n in us if n != "forward_cpu" and n not in bad), key=us.get)
+    best = min((n for n in us if n not in ("native_compile", "forward_cpu") and n not in bad), key=us.get)
     cells = " | ".join(f"{us[n]:.0f}" if n in us else "-" for n in columns())
     wrong = " WRONG: " + ", ".join(f"{n} {err:.1e}" for n, err in bad.items()) if bad else ""
     return (f"| {model} E{e} k{k} H{h} I{i} | {str(dtype).removeprefix('torch.')} | {tokens} | {cells} | {best} | "
-            f"{flops / t[best] / 1e9:.1f} |{wrong}")
+            f"{flops / t[best] / 1e9:.1f} | {t['native_compile'] / t['forward_cpu']:.2f} | {made} |{wrong}")
+
+
+def compile_native(args: tuple) -> tuple[Callable[..., torch.Tensor], str]:
+    """``torch.compile`` of the spec (static shapes, a fresh Dynamo cache: this row's graphs only),
+    called once, and what Dynamo made of it: how many frames it compiled and whether the spec's
+    own frame fell back to eager (a graph break inside its expert loop)."""
+    torch._dynamo.reset()
+    native = torch.compile(moe_math.fused_experts, dynamic=False)
+    counters.clear()
+    native(*args)
+    eager = any("graph break in loop" in reason for reason in counters["unimplemented"])
+    frames = counters["frames"]["ok"]
+    return native, f"{frames} frames compiled" + (", the spec's loop eager" if eager else "")
 
 
 def columns() -> tuple[str, ...]:
-    return (*moe_cpu.FORMULATIONS, *IPEX, "forward_cpu")
+    return (*moe_cpu.FORMULATIONS, *IPEX, "native_compile", "forward_cpu")
 
 
 def bench_routing(num_experts: int, tokens: int, rounds: int) -> str:
@@ -169,8 +190,9 @@ def main() -> None:
     print(f"date {datetime.date.today()}  torch {torch.__version__}  IPEX {ipex_version or 'absent'}  "
           f"threads {torch.get_num_threads()}  cpu {platform.processor() or platform.machine()}  best of {args.rounds} rounds  clock {args.clock}")
     names = columns()
-    print("| layer | dtype | tokens | " + " | ".join(f"{n} us" for n in names) + " | best | best GFLOP/s |")
-    print("|---|---|---|" + "---|" * len(names) + "---|---|")
+    print("| layer | dtype | tokens | " + " | ".join(f"{n} us" for n in names)
+          + " | best | best GFLOP/s | forward_cpu x native_compile | native_compile made |")
+    print("|---|---|---|" + "---|" * len(names) + "---|---|---|---|")
     with torch.inference_mode():
         for model in args.models.split(","):
             for dtype in args.dtypes.split(","):
