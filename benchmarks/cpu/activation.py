@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import torch
 
+from customop.benchmarks.cpu.timing import fresh_compile
 from customop import Config, use_config
 from customop.ops import activation as act
 
@@ -90,8 +91,7 @@ def bench_one(label: str, op: torch.nn.Module, native_op: torch.nn.Module, token
         # its own code object, so that its cache entries never serve forward_cpu's calls
         return fn(x, *args)
 
-    torch._dynamo.reset()  # a fresh recompile budget per shape
-    static = torch.compile(shape_specialized, dynamic=False)
+    static = fresh_compile(shape_specialized)  # a fresh recompile budget per shape
     if tokens * d >= 1 << 24:
         rounds = max(3, rounds // 3)
     t = time_interleaved({

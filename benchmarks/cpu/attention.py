@@ -34,7 +34,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from benchmarks.cpu.timing import TOLERANCE, add_timing_args, checked_times, ms_cells, start_run, time_us
+from benchmarks.cpu.timing import (TOLERANCE, add_timing_args, checked_times, fresh_compile, ms_cells, start_run,
+                                   time_us)
 from customop.config import Config, use_config
 from customop.math.attention import rel_pos_attention_blocked
 from customop.math.mla import MLAMetadata
@@ -45,13 +46,6 @@ from customop.ops.mla import MLAModules, MultiHeadLatentAttentionWrapper
 from customop.ops.rotary_embedding.deepseek_yarn import DeepseekScalingRotaryEmbedding
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def fresh_compile(fn):
-    """``torch.compile(fn)`` with static shapes on an empty Dynamo cache: each case gets its own
-    graph, and many cases never reach Dynamo's recompile limit."""
-    torch._dynamo.reset()
-    return torch.compile(fn, dynamic=False)
 
 
 # ---- encoder: mm_encoder_attn ---------------------------------------------------------------------

@@ -39,6 +39,7 @@ import torch
 from torch._dynamo.utils import counters
 from torch.utils.weak import WeakIdKeyDictionary
 
+from customop.benchmarks.cpu.timing import fresh_compile
 from customop.math import moe as moe_math
 from customop.ops.moe import cpu as moe_cpu
 
@@ -142,8 +143,7 @@ def compile_native(args: tuple) -> tuple[Callable[..., torch.Tensor], str]:
     """``torch.compile`` of the spec (static shapes, a fresh Dynamo cache: this row's graphs only),
     called once, and what Dynamo made of it: how many frames it compiled and whether the spec's
     own frame fell back to eager (a graph break inside its expert loop)."""
-    torch._dynamo.reset()
-    native = torch.compile(moe_math.fused_experts, dynamic=False)
+    native = fresh_compile(moe_math.fused_experts)
     counters.clear()
     native(*args)
     eager = any("graph break in loop" in reason for reason in counters["unimplemented"])

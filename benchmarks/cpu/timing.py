@@ -58,6 +58,13 @@ def time_us(fns: list[Callable[[], object]], min_time: float,
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 4 * 2.0 ** -8, torch.float16: 4 * 2.0 ** -11}
 
 
+def fresh_compile(fn: Callable[..., object]) -> Callable[..., object]:
+    """``torch.compile(fn)`` with static shapes on an empty Dynamo cache: each case gets its own
+    graph, and many cases never reach Dynamo's recompile limit."""
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
+
+
 def check_paths(paths: dict[str, Callable[[], torch.Tensor]], want: torch.Tensor, tolerance: float,
                 what: str) -> list[str]:
     """Checks each path's output against ``want`` (float64) by normwise relative error, raising
