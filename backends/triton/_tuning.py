@@ -89,7 +89,10 @@ class TileConfig:
     #: launcher finds that they fit (int64 otherwise); ``evict``: x read with ``evict_first``;
     #: ``grid2d`` (gated tiles): a (column block, row block) grid, so that a program finds its tile
     #: without the integer division of a flat grid index before its first load (a latency a
-    #: one-token launch waits on; Inductor's one-row kernels index flat with a constant width)
+    #: one-token launch waits on; Inductor's one-row kernels index flat with a constant width).
+    #: Where the launcher compiles the width in (``const_width``), the flat grid's division is by
+    #: a constant (a multiply and a shift) and the launcher indexes flat whatever ``grid2d`` says:
+    #: measured faster than the 2-D grid at every decode row (TILE_TABLE's ``small_grid_*``)
     even: bool = True
     int32: bool = True
     evict: bool = True
@@ -247,7 +250,8 @@ TILE_TABLE: dict[str, dict[str, int]] = {
     "cuda": {"tile_elems": 1024, "tile_min_n": 1024, "flat_elems": 2048, "flat_min": 1024, "elems_per_warp": 512,
              "small_elems_per_warp": 256, "decode_tokens": 256, "decode_min_n": 1024,
              "stream_tile_elems": 2048, "stream_elems_per_warp": 256, "stream_flat_numel": 1 << 20,
-             "stream_flat_elems": 1024, "small_grid_tile_n": 512, "small_grid_elems_per_warp": 64,
+             "stream_flat_elems": 1024, "small_grid_tile_n": 512, "small_grid_min_n": 256,
+             "small_grid_elems_per_warp": 64, "small_flat_n": 256,
              "compute_elems_per_warp": 256, "light_mid_numel": 1 << 22, "light_mid_elems": 4096,
              "rotating_min_rows": 256},
 }
@@ -278,6 +282,17 @@ TILE_TABLE: dict[str, dict[str, int]] = {
 #: gelu tanh 1.37 -> 1.32 / 1.61 -> 1.55 (1.38 / 1.64), fatrelu 1.26 -> 1.27 / 1.46 -> 1.44
 #: (1.28 / 1.39); quick_gelu 1 / 16 x 8192 1.30 -> 1.24 / 1.40 -> 1.34 (1.25 / 1.41). At 256
 #: tokens the small tiles lost (gelu tanh 7.55 against 6.43 us): the class stops at two programs per SM.
+#: Since 2026-12-03 the small gated grids take the width as a compile-time constant (the launcher
+#: then indexes them flat, TileConfig.grid2d), down to ``small_grid_min_n`` lanes while fewer than
+#: half the SMs would have a program, and the small flat grids (unary ops, per-tensor quant) take
+#: ``small_flat_n``-element blocks, Inductor's choice at these sizes (1-D, 128-256 elements, 1-2 per
+#: thread). H200 decode study 2026-12-03 (h200/2026-12-03-twelfth-decode-study.txt: three
+#: interleaved rounds, medians, us; pick -> new (compile)): gelu erf 1 / 16 x 14336 1.338 -> 1.269
+#: / 1.672 -> 1.603 (1.328 / 1.659), fatrelu 16 x 14336 1.424 -> 1.374 (1.390), unary gelu 1 / 16
+#: x 4096 1.272 -> 1.240 / 1.382 -> 1.355 (1.253 / 1.365). The flat grid without the constant
+#: width was the slowest of the three (gelu erf 16: 1.971 at 512 / 8), the 2-D grid with it
+#: between (1.674); ncu put per-tensor quant 1 x 8192 at 2.40 us in 8 programs of 1024 against
+#: Inductor's 2.13 in 32 of 256.
 #: ``compute_elems_per_warp``: situ_and_mul on libdevice's tanh (fp16 / fp32 outputs: two tanh and
 #: a sigmoid per element, bound by the special-function units; bf16 takes the hardware tanh and the
 #: streaming tile, tile_config's ``const_width``) beyond the small grids: 1024-element tiles at 4
@@ -458,9 +473,13 @@ def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class:
     block_n = min(next_pow2(n_cols), elems)
     block_m = min(max(1, elems // block_n), next_pow2(n_rows))
     if not stream and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
-        # a latency-bound launch (TILE_TABLE's ``small_grid_*``): smaller tiles, more warps
+        # a latency-bound launch (TILE_TABLE's ``small_grid_*``): smaller tiles, more warps, the
+        # width compiled in (the launcher indexes the tiles flat then)
         block_n = min(block_n, t["small_grid_tile_n"])
-        return TileConfig(block_m, block_n, _small_grid_warps(kind, t, block_m * block_n), grid2d=True)
+        while block_n > t["small_grid_min_n"] and 2 * _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < sms:
+            block_n //= 2
+        return TileConfig(block_m, block_n, _small_grid_warps(kind, t, block_m * block_n), grid2d=True,
+                          const_width=True)
     min_n = t["tile_min_n"] if stream else t["decode_min_n"]
     while block_n > min_n and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
         block_n //= 2
@@ -498,8 +517,8 @@ def _flat_config(kind: str, sms: int, numel: int, unary: bool = False, light: bo
         block = t["stream_flat_elems"]
         return TileConfig(1, block, _warps(kind, block // t["stream_elems_per_warp"]), evict=False)
     block = t["flat_elems"]
-    if unary and _cdiv(numel, t["flat_min"]) < 2 * sms:
-        block = t["small_grid_tile_n"]  # as the gated tiles' small grids
+    if _cdiv(numel, t["flat_min"]) < 2 * sms:  # a latency-bound launch (TILE_TABLE's ``small_*``)
+        block = t["small_flat_n"]
         return TileConfig(1, block, _small_grid_warps(kind, t, block))
     while block > t["flat_min"] and _cdiv(numel, block) < 2 * sms:
         block //= 2

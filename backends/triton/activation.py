@@ -336,9 +336,11 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
         return out
     cfg = config or _tuning.tile_config(x.device, n_rows, d, **_tile_class(kernel, constexprs))
     row_blocks, col_blocks = triton.cdiv(n_rows, cfg.block_m), triton.cdiv(d, cfg.block_n)
-    grid2d = cfg.grid2d and row_blocks <= _GRID_Y
-    grid = (col_blocks, row_blocks) if grid2d else (row_blocks * col_blocks,)
     x_stride = row_stride(rows)
+    # the width compiled in (packed rows only): the flat grid then (TileConfig.grid2d says why)
+    const_width = cfg.const_width and x_stride == 2 * d and kernel is _and_mul_kernel
+    grid2d = cfg.grid2d and not const_width and row_blocks <= _GRID_Y
+    grid = (col_blocks, row_blocks) if grid2d else (row_blocks * col_blocks,)
     # 32-bit offsets when the furthest lane of the padded last tile fits (x's row holds both
     # halves: 2 * the padded width covers the gate / up offsets and swigluoai's lane pairs)
     padded_rows, padded_cols = row_blocks * cfg.block_m, col_blocks * cfg.block_n
@@ -348,7 +350,7 @@ def _launch_tiles(kernel, x: torch.Tensor, config: _tuning.TileConfig | None, *a
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                      EVEN=cfg.even and n_rows % cfg.block_m == 0 and d % cfg.block_n == 0,
                      INT64=not (cfg.int32 and fits), EVICT=cfg.eviction_policy, GRID2D=grid2d,
-                     **({"WIDTH": d} if cfg.const_width and x_stride == 2 * d and kernel is _and_mul_kernel else {}))
+                     **({"WIDTH": d} if const_width else {}))
     return out
 
 

@@ -163,6 +163,11 @@ def cases():
                {"ACT": act.SILU.value, "BLOCK_M": 1, "BLOCK_N": bn, "EVEN": True, "INT64": False}, warps, ROW_ALIGNED)
     yield ("and_mul gelu even int32 1x1024", act._and_mul_kernel, _AND_MUL_SIG,
            {"ACT": act.GELU.value, "BLOCK_M": 1, "BLOCK_N": 1024, "EVEN": True, "INT64": False}, 2, ROW_ALIGNED)
+    # the small decode grids: the width compiled in, indexed flat (TILE_TABLE's small_grid_*)
+    for name, code, bn, warps in (("gelu", act.GELU, 256, 4), ("fatrelu", act.FATRELU, 512, 8)):
+        yield (f"and_mul {name} small-grid const-width 1x{bn} w={warps} narrow-tile", act._and_mul_kernel, _AND_MUL_SIG,
+               {"ACT": code.value, "BLOCK_M": 1, "BLOCK_N": bn, "EVEN": True, "INT64": False, "WIDTH": 14336}, warps,
+               ROW_ALIGNED)
     yield ("swigluoai int32 1x2048", act._swigluoai_kernel, _OAI_SIG, {"BLOCK_M": 1, "BLOCK_N": 2048, "INT64": False}, 4,
            ROW_ALIGNED)
     yield "swigluoai 1x2048", act._swigluoai_kernel, _OAI_SIG, {"BLOCK_M": 1, "BLOCK_N": 2048}, 4, ROW_ALIGNED

@@ -198,14 +198,39 @@ def test_tile_2d_grid_falls_back_to_flat_past_the_row_limit(monkeypatch, poison_
     assert_close(got, reference(case, x.double(), None), torch.float32)
 
 
+@pytest.mark.parametrize("label", ["silu_and_mul", "gelu_and_mul[tanh]", "swigluoai_and_mul"])
+def test_tile_const_width_takes_the_flat_grid(label, monkeypatch, poison_empty):
+    """A config that asks for both the width compiled in and the 2-D grid launches flat with
+    WIDTH = d where the rows are packed (the small grids' launch), keeps the runtime width and
+    the 2-D grid on strided rows and in the kernel without a WIDTH (swigluoai); the poisoned
+    outputs match the float64 reference every time."""
+    kernel = "_swigluoai_kernel" if label == "swigluoai_and_mul" else "_and_mul_kernel"
+    launches = spy_launches(monkeypatch, kernel)
+    case = BY_LABEL[label]
+    op = build(case)
+    cfg = _tuning.TileConfig(1, 64, 2, grid2d=True, const_width=True)
+    packed = _input((3, 2 * 200), torch.float32)
+    strided = _input((3, 2 * 200 + 8), torch.float32)[:, : 2 * 200]
+    for x in (packed, strided):
+        assert_close(TILED[label](x, op, cfg), reference(case, x.double(), op), torch.float32)
+    flat = kernel == "_and_mul_kernel"
+    assert [(k["GRID2D"], k.get("WIDTH", 0)) for k in launches] == [(not flat, 200 if flat else 0), (True, 0)]
+
+
 def test_tile_decode_class_and_sweep_filters():
     """The decode rows of TILE_TABLE and the ``tile`` sweep's shape filters."""
     # fewer than two programs per SM at the decode tile (1-16 tokens): 512-lane tiles at 8 warps
-    assert _tuning._tile_config("cuda", 132, 1, 14336) == _tuning.TileConfig(1, 512, 8, grid2d=True)
-    assert _tuning._tile_config("cuda", 132, 16, 14336) == _tuning.TileConfig(1, 512, 8, grid2d=True)
+    # with the width compiled in, 256 lanes at 4 where that leaves fewer than half the SMs a program
+    small = dict(grid2d=True, const_width=True)
+    assert _tuning._tile_config("cuda", 132, 1, 14336) == _tuning.TileConfig(1, 256, 4, **small)
+    assert _tuning._tile_config("cuda", 132, 16, 14336) == _tuning.TileConfig(1, 512, 8, **small)
+    assert _tuning._tile_config("cuda", 132, 1, 4096) == _tuning.TileConfig(1, 256, 4, **small)
     assert _tuning._tile_config("cuda", 132, 64, 14336) == _tuning.TileConfig(1, 1024, 2, grid2d=True)
-    assert _tuning._flat_config("cuda", 132, 16 * 8192, True) == _tuning.TileConfig(1, 512, 8)
-    assert _tuning._flat_config("cuda", 132, 16 * 8192) == _tuning.TileConfig(1, 1024, 4)  # quant: as before
+    # the small flat grids (unary ops and per-tensor quant alike): 256-element blocks at 4 warps
+    assert _tuning._flat_config("cuda", 132, 16 * 8192, True) == _tuning.TileConfig(1, 256, 4)
+    assert _tuning._flat_config("cuda", 132, 16 * 8192) == _tuning.TileConfig(1, 256, 4)
+    assert _tuning._flat_config("cuda", 132, 8192) == _tuning.TileConfig(1, 256, 4)
+    assert _tuning._flat_config("cuda", 132, 2048 * 8192) == _tuning.TileConfig(1, 2048, 4)
     assert _tuning._tile_config("cuda", 132, 255, 14336).evict  # decode class: the hint stays
     # from rotating_min_rows (256) rows the streaming-class ops drop it; the erf gate keeps it at 4 warps
     assert _tuning._tile_config("cuda", 132, 256, 14336) == _tuning.TileConfig(1, 1024, 2, evict=False, grid2d=True)
@@ -217,7 +242,7 @@ def test_tile_decode_class_and_sweep_filters():
     assert _tuning._tile_config("cuda", 132, 32768, 14336, False) == _tuning.TileConfig(1, 1024, 2)  # erf gate
     # situ (compute-bound): the mid-size tile at 4 warps beyond the small grids
     assert _tuning._tile_config("cuda", 132, 32768, 14336, False, True) == _tuning.TileConfig(1, 1024, 4)
-    assert _tuning._tile_config("cuda", 132, 16, 14336, False, True) == _tuning.TileConfig(1, 512, 8, grid2d=True)
+    assert _tuning._tile_config("cuda", 132, 16, 14336, False, True) == _tuning.TileConfig(1, 512, 8, **small)
     # the unary streaming class, and per-tensor quant's flat blocks left as they were
     assert _tuning._flat_config("cuda", 132, 32768 * 8192, True) == _tuning.TileConfig(1, 1024, 4, evict=False)
     assert _tuning._flat_config("cuda", 132, 32768 * 8192) == _tuning.TileConfig(1, 2048, 4)
@@ -428,7 +453,7 @@ def test_situ_tile_class_follows_its_tanh():
     assert act._tile_class(kernel, {"ACT": act.SILU.value}) == {"streaming_class": True}
     fast = _tuning._tile_config("cuda", 132, 4096, 14336, streaming_class=True, const_width=True)
     assert fast.const_width and not fast.evict
-    assert not _tuning._tile_config("cuda", 132, 16, 14336, streaming_class=True, const_width=True).const_width
+    assert not _tuning._tile_config("cuda", 132, 64, 14336, streaming_class=True, const_width=True).const_width
     # the hardware tanh is NVIDIA's and bf16-only
     assert not act._fast_tanh(torch.zeros(2, dtype=torch.bfloat16))
     assert not act._fast_tanh(torch.zeros(2, dtype=torch.float16, device="meta"))
