@@ -213,12 +213,17 @@ RMS_LOOPED: dict[str, dict[str, Any]] = {
 #:   class: from 2048 rows of 8192+ lanes, 2048-lane chunks (4096 with a residual) at 256 lanes
 #:   per warp (4096 x 8192: 57.0 -> 53.0 us (49.8); with a residual 88.6 -> 83.1 (81.8);
 #:   32768 x 8192: 397.1 -> 377.2 (370.7)); the evict-first hint on x only at decode sizes
-#:   (``evict_max_rows``; 4096 x 4096: 26.6 -> 26.1 us (30.7), with a residual 46.0 -> 41.9 (42.0)).
+#:   (``evict_max_rows``; 4096 x 4096: 26.6 -> 26.1 us (30.7), with a residual 46.0 -> 41.9 (42.0)),
+#:   and with a residual from ``residual_x_first_rows`` rows of the decode class the weight's load
+#:   after x's (``RowConfig.w_first`` False): two H200 sweeps (2026-12-03, 256 rows, the rows
+#:   129-255 follow unmeasured) put the fused add at 256 x 4096 at 5.00 / 5.04 -> 4.84 / 4.82 us
+#:   (compile 4.94) and 256 x 8192 at 7.48 / 7.43 -> 7.12 / 7.22 (8.57); without the residual it
+#:   was no faster (256 x 4096 4.00 both; 256 x 8192 5.72 -> 6.12).
 RMS_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {
         "rms": {},
         "layer": {"looped": None, "mid_block_m": 2},
-        "gated": {"decode_warps": {4096: 16}, "evict_max_rows": 256,
+        "gated": {"decode_warps": {4096: 16}, "evict_max_rows": 256, "residual_x_first_rows": 129,
                   "looped": {"min_rows": {8192: 2048}, "max_chunk": 2048, "max_residual_chunk": 4096,
                              "lanes_per_warp": 256, "const_width": True, "decode_min_rows": {4096: 128, 8192: 256}}},
     },
@@ -396,8 +401,9 @@ def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int, residual: bool = 
             while block_m > 1 and _cdiv(n_rows, block_m) < 2 * sms:
                 block_m //= 2
             evict_max_rows = changes.get("evict_max_rows", _table(RMS_EVICT_MAX_ROWS, kind))
+            x_first = residual and max_rows <= 256 and n_rows >= changes.get("residual_x_first_rows", _INF)
             return RowConfig(block_m, width, _warps(kind, warps), True, programs_per_sm=per_sm,
-                             evict=n_rows <= evict_max_rows)
+                             evict=n_rows <= evict_max_rows, w_first=not x_first)
     chunk, warps = _table(LOOP_ROW, kind)
     return RowConfig(1, chunk, _warps(kind, warps), False)
 

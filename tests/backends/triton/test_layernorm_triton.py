@@ -302,6 +302,12 @@ def test_rms_size_classes_and_sweep_filters():
     assert _tuning._rms_config("cuda", 132, 4096, 4096, variant="gated").single_tile
     assert not _tuning._rms_config("cuda", 132, 4096, 4096, variant="gated").evict
     assert _tuning._rms_config("cuda", 132, 256, 4096, variant="gated").evict
+    # with a residual, from residual_x_first_rows rows of the decode class: x's load before the weight's
+    assert not _tuning._rms_config("cuda", 132, 256, 4096, True, "gated").w_first
+    assert not _tuning._rms_config("cuda", 132, 129, 8192, True, "gated").w_first
+    assert _tuning._rms_config("cuda", 132, 128, 4096, True, "gated").w_first
+    assert _tuning._rms_config("cuda", 132, 257, 4096, True, "gated").w_first
+    assert _tuning._rms_config("cuda", 132, 256, 4096, True).w_first  # the RMSNorm family: unchanged
     assert _tuning._rms_config("cuda", 132, 4096, 4096).evict
     for tokens in (1, 16, 256, 4096, 32768):
         for width in (4096, 8192):
