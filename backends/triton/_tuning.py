@@ -70,8 +70,11 @@ class RowConfig:
     #: (looped kernel) the row width and packed-row strides as compile-time constants, as in
     #: Inductor's code for one shape (one compiled kernel per width)
     const_width: bool = False
-    #: (looped kernel) pass 2's stores with ``evict_first``: an in-place op rewrites the lines
-    #: pass 1 kept in L2 (evict_last), which otherwise stay there ahead of the next rows' reads
+    #: the stores with ``evict_first`` (the looped kernel's: pass 2's): an in-place op rewrites
+    #: the lines it has just read, which then stay in L2 dirty ahead of the next rows' reads. ncu
+    #: (H200, 2026-12-03, one kernel from a flushed L2) saw the single tile write 6.9 MB of rms_norm
+    #: 4096 x 4096's 32 MB to HBM during the kernel (Liger 11.6, Inductor 12.8): the rest is written
+    #: back during whatever runs next
     store_evict: bool = False
 
     @property
@@ -256,7 +259,7 @@ TILE_TABLE: dict[str, dict[str, int]] = {
              "small_elems_per_warp": 256, "decode_tokens": 256, "decode_min_n": 1024,
              "stream_tile_elems": 2048, "stream_elems_per_warp": 256, "stream_flat_numel": 1 << 20,
              "stream_flat_elems": 1024, "small_grid_tile_n": 512, "small_grid_min_n": 256,
-             "small_grid_elems_per_warp": 64, "small_flat_n": 256,
+             "small_grid_elems_per_warp": 64,
              "compute_elems_per_warp": 256, "light_mid_numel": 1 << 22, "light_mid_elems": 4096,
              "rotating_min_rows": 256},
 }
@@ -288,16 +291,19 @@ TILE_TABLE: dict[str, dict[str, int]] = {
 #: (1.28 / 1.39); quick_gelu 1 / 16 x 8192 1.30 -> 1.24 / 1.40 -> 1.34 (1.25 / 1.41). At 256
 #: tokens the small tiles lost (gelu tanh 7.55 against 6.43 us): the class stops at two programs per SM.
 #: Since 2026-12-03 the small gated grids take the width as a compile-time constant (the launcher
-#: then indexes them flat, TileConfig.grid2d), down to ``small_grid_min_n`` lanes while fewer than
-#: half the SMs would have a program, and the small flat grids (unary ops, per-tensor quant) take
-#: ``small_flat_n``-element blocks, Inductor's choice at these sizes (1-D, 128-256 elements, 1-2 per
-#: thread). H200 decode study 2026-12-03 (h200/2026-12-03-twelfth-decode-study.txt: three
-#: interleaved rounds, medians, us; pick -> new (compile)): gelu erf 1 / 16 x 14336 1.338 -> 1.269
-#: / 1.672 -> 1.603 (1.328 / 1.659), fatrelu 16 x 14336 1.424 -> 1.374 (1.390), unary gelu 1 / 16
-#: x 4096 1.272 -> 1.240 / 1.382 -> 1.355 (1.253 / 1.365). The flat grid without the constant
-#: width was the slowest of the three (gelu erf 16: 1.971 at 512 / 8), the 2-D grid with it
-#: between (1.674); ncu put per-tensor quant 1 x 8192 at 2.40 us in 8 programs of 1024 against
-#: Inductor's 2.13 in 32 of 256.
+#: then indexes them flat, TileConfig.grid2d), and the small grids, gated and flat (unary ops and
+#: now per-tensor quant too), halve their blocks down to ``small_grid_min_n`` while fewer programs
+#: than SMs would run: Inductor's shape at these sizes (1-D, 128-256 elements, 1-2 per thread).
+#: H200 decode study 2026-12-03 (h200/2026-12-03-twelfth-decode-study.txt: three interleaved
+#: rounds, medians, us; pick -> new (compile)): gelu erf 1 / 16 x 14336 1.338 -> 1.269 / 1.672
+#: -> 1.603 (1.328 / 1.659), fatrelu 16 x 14336 1.424 -> 1.374 (1.390), unary gelu 1 / 16 x 4096
+#: 1.272 -> 1.240 / 1.382 -> 1.355 (1.253 / 1.365). The flat grid without the constant width was
+#: the slowest of the three (gelu erf 16: 1.971 at 512 / 8), the 2-D grid with it between
+#: (1.674); ncu put per-tensor quant 1 x 8192 at 2.40 us in 8 programs of 1024 against
+#: Inductor's 2.13 in 32 of 256. A runner pass with 256-element blocks at every small flat size
+#: (h200/2026-12-03-twelfth-rounds-1-16-act-quant.json) lost at 16 x 8192, where 512 programs
+#: of 256 ran behind 256 of 512 (quick_gelu 1.306 -> 1.389 us, gelu_fast 1.331 -> 1.398): the
+#: halving stops at one program per SM.
 #: ``compute_elems_per_warp``: situ_and_mul on libdevice's tanh (fp16 / fp32 outputs: two tanh and
 #: a sigmoid per element, bound by the special-function units; bf16 takes the hardware tanh and the
 #: streaming tile, tile_config's ``const_width``) beyond the small grids: 1024-element tiles at 4
@@ -482,7 +488,7 @@ def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class:
         # a latency-bound launch (TILE_TABLE's ``small_grid_*``): smaller tiles, more warps, the
         # width compiled in (the launcher indexes the tiles flat then)
         block_n = min(block_n, t["small_grid_tile_n"])
-        while block_n > t["small_grid_min_n"] and 2 * _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < sms:
+        while block_n > t["small_grid_min_n"] and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < sms:
             block_n //= 2
         return TileConfig(block_m, block_n, _small_grid_warps(kind, t, block_m * block_n), grid2d=True,
                           const_width=True)
@@ -523,8 +529,10 @@ def _flat_config(kind: str, sms: int, numel: int, unary: bool = False, light: bo
         block = t["stream_flat_elems"]
         return TileConfig(1, block, _warps(kind, block // t["stream_elems_per_warp"]), evict=False)
     block = t["flat_elems"]
-    if _cdiv(numel, t["flat_min"]) < 2 * sms:  # a latency-bound launch (TILE_TABLE's ``small_*``)
-        block = t["small_flat_n"]
+    if _cdiv(numel, t["flat_min"]) < 2 * sms:  # a latency-bound launch (TILE_TABLE's ``small_grid_*``)
+        block = t["small_grid_tile_n"]
+        while block > t["small_grid_min_n"] and _cdiv(numel, block) < sms:
+            block //= 2
         return TileConfig(1, block, _small_grid_warps(kind, t, block))
     while block > t["flat_min"] and _cdiv(numel, block) < 2 * sms:
         block //= 2
@@ -633,9 +641,10 @@ SWEEP: dict[str, tuple[dict[str, Any], ...]] = {
     + ({"const_width": False, "_tokens": (2049, _INF)},)
     # the single tile where a decode-class pick loops (the fused gated norms' decode_min_rows)
     + tuple({"single_tile": True, "num_warps": w, "_tokens": (129, 256), "_width": (4096, 4096)} for w in (4, 8, 16))
-    # pass 2's stores marked evict-first (the in-place fused adds at 4096 x 4096 ran ~1 us behind
-    # the same kernel writing fresh buffers, 2026-12-03), alone and with the looped picks' chunks
-    + ({"store_evict": True, "_tokens": (2049, _INF)},)
+    # the stores marked evict-first (the in-place fused adds at 4096 x 4096 ran ~1 us behind the
+    # same kernel writing fresh buffers, 2026-12-03; the single tile's as well since the twelfth
+    # day), alone, without the load hint, and with the looped picks' chunks
+    + ({"store_evict": True, "_tokens": (2049, _INF)}, {"store_evict": True, "evict": False, "_tokens": (2049, _INF)})
     + tuple({"single_tile": False, "block_n": n, "num_warps": w, "const_width": True, "store_evict": True,
              "_tokens": (2049, _INF)} for n, w in ((2048, 8), (4096, 16))),
     "rotary": ({"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16}, {"min_splits": 2}),

@@ -220,15 +220,16 @@ def test_tile_const_width_takes_the_flat_grid(label, monkeypatch, poison_empty):
 def test_tile_decode_class_and_sweep_filters():
     """The decode rows of TILE_TABLE and the ``tile`` sweep's shape filters."""
     # fewer than two programs per SM at the decode tile (1-16 tokens): 512-lane tiles at 8 warps
-    # with the width compiled in, 256 lanes at 4 where that leaves fewer than half the SMs a program
+    # with the width compiled in, 256 lanes at 4 where 512 would leave fewer programs than SMs
     small = dict(grid2d=True, const_width=True)
     assert _tuning._tile_config("cuda", 132, 1, 14336) == _tuning.TileConfig(1, 256, 4, **small)
     assert _tuning._tile_config("cuda", 132, 16, 14336) == _tuning.TileConfig(1, 512, 8, **small)
     assert _tuning._tile_config("cuda", 132, 1, 4096) == _tuning.TileConfig(1, 256, 4, **small)
     assert _tuning._tile_config("cuda", 132, 64, 14336) == _tuning.TileConfig(1, 1024, 2, grid2d=True)
-    # the small flat grids (unary ops and per-tensor quant alike): 256-element blocks at 4 warps
-    assert _tuning._flat_config("cuda", 132, 16 * 8192, True) == _tuning.TileConfig(1, 256, 4)
-    assert _tuning._flat_config("cuda", 132, 16 * 8192) == _tuning.TileConfig(1, 256, 4)
+    # the small flat grids (unary ops and per-tensor quant alike): the same blocks and halving
+    assert _tuning._flat_config("cuda", 132, 16 * 8192, True) == _tuning.TileConfig(1, 512, 8)
+    assert _tuning._flat_config("cuda", 132, 16 * 8192) == _tuning.TileConfig(1, 512, 8)
+    assert _tuning._flat_config("cuda", 132, 16 * 4096, True) == _tuning.TileConfig(1, 256, 4)
     assert _tuning._flat_config("cuda", 132, 8192) == _tuning.TileConfig(1, 256, 4)
     assert _tuning._flat_config("cuda", 132, 2048 * 8192) == _tuning.TileConfig(1, 2048, 4)
     assert _tuning._tile_config("cuda", 132, 255, 14336).evict  # decode class: the hint stays
