@@ -133,12 +133,14 @@ def _norm_block(
     KIND: tl.constexpr, GATE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK_M: tl.constexpr,
     MASK_N: tl.constexpr, INT64: tl.constexpr, W_FIRST: tl.constexpr, POLICY: tl.constexpr,
+    STORE_POLICY: tl.constexpr,
 ):
     """One block of BLOCK_M whole rows. MASK_M / MASK_N: bounds checks on rows / columns (off
     when the block is known to be inside); INT64: 64-bit row offsets (the host picks 32-bit when
     every offset fits); W_FIRST: the weight (and bias) loads are issued before x's, so that their
     latency overlaps theirs (after the reduction, they would wait behind the reduction's barrier
-    and, with a residual, behind its store). The gate is loaded right after x, for the same reason."""
+    and, with a residual, behind its store). The gate is loaded right after x, for the same reason.
+    STORE_POLICY: the stores' eviction policy ("": none; RowConfig.store_evict)."""
     X_DTYPE = x_ptr.dtype.element_ty
     W_DTYPE = w_ptr.dtype.element_ty
     MASKED: tl.constexpr = MASK_M or MASK_N
@@ -162,7 +164,7 @@ def _norm_block(
         x = _add_residual(x, _load(res_ptr + rows[:, None] * res_stride + cols[None, :], mask, MASKED, POLICY),
                           X_DTYPE, KIND)
         _store(ro_ptr + rows[:, None] * ro_stride + cols[None, :],
-               _residual_out(x, X_DTYPE, ro_ptr.dtype.element_ty, KIND), mask, MASKED, "")
+               _residual_out(x, X_DTYPE, ro_ptr.dtype.element_ty, KIND), mask, MASKED, STORE_POLICY)
     if KIND >= LAYER:
         x = x - (tl.sum(x, axis=1) / n_cols)[:, None]
         if MASK_N:  # padded lanes are 0 - mean: out of the variance
@@ -174,7 +176,8 @@ def _norm_block(
     if HAS_BIAS:
         y = y + b.to(tl.float32)
     y = _gated_out(y, g, GATE)
-    _store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask, MASKED, "")
+    _store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask, MASKED,
+           STORE_POLICY)
 
 
 @triton.jit
@@ -190,7 +193,8 @@ def _norm_looped_row(
     residual is rewritten only there, chunk by chunk, after being read. WIDTH > 0: n_cols, with
     every tensor's rows packed (strides n_cols), as compile-time constants, as in Inductor's code
     for one shape: constant loop bounds and offsets, and no bounds checks when BLOCK_N divides it.
-    STORE_POLICY: pass 2's stores' eviction policy ("": none; RowConfig.store_evict)."""
+    STORE_POLICY: the stores' eviction policy (the looped kernel's: pass 2's; "": none;
+    RowConfig.store_evict)."""
     X_DTYPE = x_ptr.dtype.element_ty
     W_DTYPE = w_ptr.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
@@ -271,25 +275,30 @@ def _norm_kernel(
             for block in tl.range(pid, n_loop, tl.num_programs(0), num_stages=STAGES):
                 _norm_block(x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, block, n_rows, n_cols, x_stride,
                             res_stride, out_stride, g_stride, ro_stride, eps, KIND, GATE, HAS_RESIDUAL, HAS_WEIGHT,
-                            HAS_BIAS, BLOCK_M, BLOCK_N, ROW_MASK == 2, not EVEN_N, INT64, W_FIRST, POLICY)
+                            HAS_BIAS, BLOCK_M, BLOCK_N, ROW_MASK == 2, not EVEN_N, INT64, W_FIRST, POLICY,
+                            STORE_POLICY)
             if ROW_MASK == 1:
                 if pid == n_full % tl.num_programs(0):
                     _norm_block(x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, n_full, n_rows, n_cols,
                                 x_stride, res_stride, out_stride, g_stride, ro_stride, eps, KIND, GATE, HAS_RESIDUAL,
-                                HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, True, not EVEN_N, INT64, W_FIRST, POLICY)
+                                HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, True, not EVEN_N, INT64, W_FIRST, POLICY,
+                            STORE_POLICY)
         elif ROW_MASK == 1:
             if pid < n_full:
                 _norm_block(x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, pid, n_rows, n_cols, x_stride,
                             res_stride, out_stride, g_stride, ro_stride, eps, KIND, GATE, HAS_RESIDUAL, HAS_WEIGHT,
-                            HAS_BIAS, BLOCK_M, BLOCK_N, False, not EVEN_N, INT64, W_FIRST, POLICY)
+                            HAS_BIAS, BLOCK_M, BLOCK_N, False, not EVEN_N, INT64, W_FIRST, POLICY,
+                            STORE_POLICY)
             else:
                 _norm_block(x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, pid, n_rows, n_cols, x_stride,
                             res_stride, out_stride, g_stride, ro_stride, eps, KIND, GATE, HAS_RESIDUAL, HAS_WEIGHT,
-                            HAS_BIAS, BLOCK_M, BLOCK_N, True, not EVEN_N, INT64, W_FIRST, POLICY)
+                            HAS_BIAS, BLOCK_M, BLOCK_N, True, not EVEN_N, INT64, W_FIRST, POLICY,
+                            STORE_POLICY)
         else:
             _norm_block(x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, pid, n_rows, n_cols, x_stride,
                         res_stride, out_stride, g_stride, ro_stride, eps, KIND, GATE, HAS_RESIDUAL, HAS_WEIGHT,
-                        HAS_BIAS, BLOCK_M, BLOCK_N, ROW_MASK == 2, not EVEN_N, INT64, W_FIRST, POLICY)
+                        HAS_BIAS, BLOCK_M, BLOCK_N, ROW_MASK == 2, not EVEN_N, INT64, W_FIRST, POLICY,
+                            STORE_POLICY)
     else:
         _norm_looped_row(x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, n_cols, x_stride, res_stride,
                          out_stride, g_stride, ro_stride, eps, KIND, GATE, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N,

@@ -90,6 +90,8 @@ def cases():
         16, ALIGNED_NORM
     yield ("fused_add looped const width store evict", k, _norm_sig(),
            {**_norm_const(res=True, single=False, bn=4096), "WIDTH": 4096, "STORE_POLICY": "evict_first"}, 16, ALIGNED_NORM)
+    yield ("fused_add single tile evict-first stores", k, _norm_sig(),
+           {**_norm_const(res=True, bn=4096), "STORE_POLICY": "evict_first"}, 16, ALIGNED_NORM)
     yield "gemma 8192", k, _norm_sig(w="*fp32"), _norm_const(gemma=True), 16, ALIGNED_NORM
     yield "gemma fused_add", k, _norm_sig(), _norm_const(res=True, gemma=True), 16, ALIGNED_NORM
     # the code-generation knobs (RowConfig even / int32 / w_first / evict) and the warps the rms
