@@ -282,7 +282,7 @@ def _norm_kernel(
                     _norm_block(x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, n_full, n_rows, n_cols,
                                 x_stride, res_stride, out_stride, g_stride, ro_stride, eps, KIND, GATE, HAS_RESIDUAL,
                                 HAS_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, True, not EVEN_N, INT64, W_FIRST, POLICY,
-                            STORE_POLICY)
+                                STORE_POLICY)
         elif ROW_MASK == 1:
             if pid < n_full:
                 _norm_block(x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, pid, n_rows, n_cols, x_stride,
