@@ -143,9 +143,17 @@ ROW_TABLE: dict[str, tuple[tuple[int, int, int], ...]] = {
 #: ``RMS_EVICT_MAX_ROWS``: the evict-first hint on x only up to this many rows. H200 sweep,
 #: 2026-12-01, bf16: without it rms_norm 32768 x 4096 / x 8192 took 131.7 / 257.6 us against
 #: 140.3 / 266.9 with it (liger 130.6, compile 250.4); at 1-4096 rows the hint was as fast or
-#: faster (1 x 4096: 1.42 us against 1.58).
+#: faster (1 x 4096: 1.42 us against 1.58; that 1.42 was the first graph timing of a process,
+#: which reads fast: runner_timing.warm_up_graph_timer). Since 2026-12-03 (twelfth day) up to
+#: 2048 rows: with every output set written back to HBM (the runner's timer since the tenth day)
+#: the hint lost at 4096 x 4096 (H200 sweep: rms_norm 19.24 us with it, 18.30 without; Liger
+#: 18.86) and tied at 4096 x 8192 (33.86 / 33.78) and with a residual (34.46 / 34.34). The
+#: runner's rounds at 4096 rows then (h200/2026-12-03-twelfth-rounds-4096-no-hint.json, us, with
+#: -> without; best peer): rms_norm 19.24 -> 18.50 (Liger 18.98), gemma 18.90 -> 18.13 (18.92),
+#: layer_norm 19.40 -> 18.82 (20.55), nemotron 19.51 -> 19.05; the 8192-lane rows and the
+#: in-place fused adds unchanged.
 _INF = 1 << 62
-RMS_EVICT_MAX_ROWS: dict[str, int] = {"cuda": 8192}
+RMS_EVICT_MAX_ROWS: dict[str, int] = {"cuda": 2048}
 RMS_TABLE: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
     "cuda": (
         (256, 2048, 1, 4, 0), (256, 4096, 1, 8, 0), (256, 8192, 1, 8, 0), (256, 16384, 1, 16, 0),

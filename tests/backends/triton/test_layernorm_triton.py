@@ -312,7 +312,9 @@ def test_rms_size_classes_and_sweep_filters():
     assert _tuning._rms_config("cuda", 132, 128, 4096, True, "gated").w_first
     assert _tuning._rms_config("cuda", 132, 257, 4096, True, "gated").w_first
     assert _tuning._rms_config("cuda", 132, 256, 4096, True).w_first  # the RMSNorm family: unchanged
-    assert _tuning._rms_config("cuda", 132, 4096, 4096).evict
+    # the evict-first hint on x up to RMS_EVICT_MAX_ROWS (2048) rows
+    assert _tuning._rms_config("cuda", 132, 2048, 4096).evict
+    assert not _tuning._rms_config("cuda", 132, 4096, 4096).evict
     for tokens in (1, 16, 256, 4096, 32768):
         for width in (4096, 8192):
             alts = _tuning.sweep_alternatives(_tuning.SWEEP["rms"], tokens, width)
