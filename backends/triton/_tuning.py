@@ -406,16 +406,17 @@ def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int, residual: bool = 
         return cfg
     for max_rows, max_width, block_m, warps, per_sm in _table(RMS_TABLE, kind):
         if n_rows <= max_rows and width <= max_width:
+            x_first = False
             if max_rows <= 256:
                 if residual:
                     warps = _table(RMS_RESIDUAL_DECODE_WARPS, kind).get(width, warps)
+                    x_first = n_rows >= changes.get("residual_x_first_rows", _INF)
                 warps = changes.get("decode_warps", {}).get(width, warps)
             elif block_m == 1:
                 block_m = changes.get("mid_block_m", 1)
             while block_m > 1 and _cdiv(n_rows, block_m) < 2 * sms:
                 block_m //= 2
             evict_max_rows = changes.get("evict_max_rows", _table(RMS_EVICT_MAX_ROWS, kind))
-            x_first = residual and max_rows <= 256 and n_rows >= changes.get("residual_x_first_rows", _INF)
             return RowConfig(block_m, width, _warps(kind, warps), True, programs_per_sm=per_sm,
                              evict=n_rows <= evict_max_rows, w_first=not x_first)
     chunk, warps = _table(LOOP_ROW, kind)
@@ -463,6 +464,15 @@ def row_grid(device: torch.device, cfg: RowConfig, n_rows: int) -> tuple[tuple[i
     return (blocks,), 1
 
 
+def _small_grid_n(t: dict[str, int], sms: int, block_n: int, row_blocks: int, n_cols: int) -> int:
+    """A small grid's block width (TILE_TABLE's ``small_grid_*``): ``small_grid_tile_n`` at most,
+    halved down to ``small_grid_min_n`` while fewer programs than SMs would run."""
+    block_n = min(block_n, t["small_grid_tile_n"])
+    while block_n > t["small_grid_min_n"] and row_blocks * _cdiv(n_cols, block_n) < sms:
+        block_n //= 2
+    return block_n
+
+
 def _small_grid_warps(kind: str, t: dict[str, int], elems: int) -> int:
     """Warps of a small-grid program of ``elems`` elements (TILE_TABLE's ``small_grid_*``)."""
     return _warps(kind, max(1, min(8, elems // t["small_grid_elems_per_warp"])))
@@ -495,9 +505,7 @@ def _tile_config(kind: str, sms: int, n_rows: int, n_cols: int, streaming_class:
     if not stream and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < 2 * sms:
         # a latency-bound launch (TILE_TABLE's ``small_grid_*``): smaller tiles, more warps, the
         # width compiled in (the launcher indexes the tiles flat then)
-        block_n = min(block_n, t["small_grid_tile_n"])
-        while block_n > t["small_grid_min_n"] and _cdiv(n_rows, block_m) * _cdiv(n_cols, block_n) < sms:
-            block_n //= 2
+        block_n = _small_grid_n(t, sms, block_n, _cdiv(n_rows, block_m), n_cols)
         return TileConfig(block_m, block_n, _small_grid_warps(kind, t, block_m * block_n), grid2d=True,
                           const_width=True)
     min_n = t["tile_min_n"] if stream else t["decode_min_n"]
@@ -538,9 +546,7 @@ def _flat_config(kind: str, sms: int, numel: int, unary: bool = False, light: bo
         return TileConfig(1, block, _warps(kind, block // t["stream_elems_per_warp"]), evict=False)
     block = t["flat_elems"]
     if _cdiv(numel, t["flat_min"]) < 2 * sms:  # a latency-bound launch (TILE_TABLE's ``small_grid_*``)
-        block = t["small_grid_tile_n"]
-        while block > t["small_grid_min_n"] and _cdiv(numel, block) < sms:
-            block //= 2
+        block = _small_grid_n(t, sms, t["small_grid_tile_n"], 1, numel)
         return TileConfig(1, block, _small_grid_warps(kind, t, block))
     while block > t["flat_min"] and _cdiv(numel, block) < 2 * sms:
         block //= 2
