@@ -24,9 +24,17 @@ customop/ops/_library/mla.py). Split-context ("flash-decoding") in two kernels:
    empty splits and gets zeros. With one split there is no merge: the split kernel writes the
    output itself (``DIRECT``).
 
+Value halves (``Config.v_splits`` 2): axis 0 of the split grid also runs over two halves of the
+latent lanes; each program still scores with all ``L + R`` lanes (its own half's dot, the other
+half's, the rope's) but accumulates and writes only its half of ``P @ kv_c``. That halves the
+accumulator (``[64, 256]`` fp32 fits one warpgroup) and doubles the programs, at the price of
+scoring every tile twice; ``choose`` takes it (``HALVES``) where the splits are short (batch 1 x
+4096 on the H200: 18.5 -> 15.2 us).
+
 The tiles and the split policy come from one function, ``config`` (a ``Config``: heads and
-positions per tile, warps, pipeline stages, and ``wave``: how many programs per compute unit the
-splits aim for); ``override(Config(...))`` replaces it for a sweep
+positions per tile, warps, pipeline stages, ``wave``: how many programs per compute unit the
+splits aim for, and ``v_splits``), and ``choose``, which may swap in ``HALVES`` for the call's
+batch and context; ``override(Config(...))`` replaces both for a sweep
 (``python -m customop.benchmarks.specs.mla --sweep``). Nothing is autotuned on the request path.
 The number of splits is chosen on the host without reading ``seq_lens``: about ``wave`` programs
 per compute unit, at least ``MIN_SPLIT`` positions each, at most ``MAX_SPLITS``, a power of two;
@@ -86,8 +94,11 @@ def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, O, qk_scale, num_blocks, ta
                   stride_qb, stride_qh, stride_pb, stride_ph, stride_cb, stride_cs, stride_tb, stride_ob, stride_oh,
                   L: tl.constexpr, R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
                   BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-                  DIRECT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    head_block = tl.program_id(0)
+                  V_SPLITS: tl.constexpr, BLOCK_V: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
+                  UPCAST: tl.constexpr):
+    # axis 0: head block x value half (V_SPLITS 2: each program accumulates BLOCK_V of the L lanes)
+    head_block = tl.program_id(0) // V_SPLITS
+    half = tl.program_id(0) % V_SPLITS
     split = tl.program_id(1)
     row = tl.program_id(2)
     seq_len = tl.minimum(tl.maximum(tl.load(SL + row).to(tl.int32), 0), table_width * BLOCK_SIZE)
@@ -99,18 +110,24 @@ def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, O, qk_scale, num_blocks, ta
 
     hs = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = hs < heads
-    lanes = tl.arange(0, BLOCK_L)
+    # the lanes this program accumulates (all L with one value split); with two, the score also
+    # needs the other half's lanes (`rest`), loaded and multiplied separately
+    lanes = half * BLOCK_V + tl.arange(0, BLOCK_V)
     l_ok = lanes < L
+    rest = (1 - half) * BLOCK_V + tl.arange(0, BLOCK_V)
+    rest_ok = rest < L
     pe = tl.arange(0, BLOCK_R)
     pe_ok = pe < R
-    q = tl.load(Q + row.to(tl.int64) * stride_qb + hs[:, None] * stride_qh + lanes[None, :],
-                mask=h_ok[:, None] & l_ok[None, :], other=0.0)
+    q_rows = Q + row.to(tl.int64) * stride_qb + hs[:, None] * stride_qh
+    q = tl.load(q_rows + lanes[None, :], mask=h_ok[:, None] & l_ok[None, :], other=0.0)
+    if V_SPLITS == 2:
+        q_rest = tl.load(q_rows + rest[None, :], mask=h_ok[:, None] & rest_ok[None, :], other=0.0)
     q_pe = tl.load(QPE + row.to(tl.int64) * stride_pb + hs[:, None] * stride_ph + pe[None, :],
                    mask=h_ok[:, None] & pe_ok[None, :], other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_V], tl.float32)
     table = BT + row.to(tl.int64) * stride_tb
     offs_n = tl.arange(0, BLOCK_N)
     for n0 in tl.range(start, end, BLOCK_N, num_stages=STAGES):
@@ -126,7 +143,7 @@ def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, O, qk_scale, num_blocks, ta
             block = tl.minimum(tl.maximum(block, 0), num_blocks - 1).to(tl.int64)
             rows = C + block * stride_cb + (pos % BLOCK_SIZE).to(tl.int64) * stride_cs
         if BLOCK_L == L:
-            kv = tl.load(rows[:, None] + lanes[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_N, BLOCK_L]
+            kv = tl.load(rows[:, None] + lanes[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_N, BLOCK_V]
         else:
             kv = tl.load(rows[:, None] + lanes[None, :], mask=ok[:, None] & l_ok[None, :], other=0.0)
         if BLOCK_R == R:
@@ -135,6 +152,12 @@ def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, O, qk_scale, num_blocks, ta
             k_pe = tl.load(rows[:, None] + L + pe[None, :], mask=ok[:, None] & pe_ok[None, :], other=0.0)
         kv = kv.to(q.dtype)
         s = _mma(q, tl.trans(kv), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), PRECISION, UPCAST)
+        if V_SPLITS == 2:
+            if BLOCK_L == L:
+                kv_rest = tl.load(rows[:, None] + rest[None, :], mask=ok[:, None], other=0.0)
+            else:
+                kv_rest = tl.load(rows[:, None] + rest[None, :], mask=ok[:, None] & rest_ok[None, :], other=0.0)
+            s = _mma(q_rest, tl.trans(kv_rest.to(q.dtype)), s, PRECISION, UPCAST)
         s = _mma(q_pe, tl.trans(k_pe.to(q.dtype)), s, PRECISION, UPCAST)
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds at least one position
@@ -152,7 +175,9 @@ def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, O, qk_scale, num_blocks, ta
         lse = tl.where(filled, m_i + tl.log2(tl.where(filled, l_i, 1.0)), float("-inf"))
         slot = (row.to(tl.int64) * heads + hs) * num_splits + split  # MID_* are [B, N, splits(, BLOCK_L)]
         tl.store(MID_O + slot[:, None] * BLOCK_L + lanes[None, :], out, mask=h_ok[:, None] & l_ok[None, :])
-        tl.store(MID_LSE + slot, lse, mask=h_ok)
+        # one writer per slot: the halves' scores agree to fp32 rounding (their dots add in another
+        # order), and the first half's log-sum-exp weighs both, so the merge is deterministic
+        tl.store(MID_LSE + slot, lse, mask=h_ok & (half == 0))
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -194,10 +219,16 @@ class Config:
     stages: int
     wave: float = 1.0
     min_split: int = MIN_SPLIT
+    v_splits: int = 1
+
+    def __post_init__(self):
+        if self.v_splits not in (1, 2):
+            raise ValueError(f"{_OP}: Config.v_splits must be 1 or 2, got {self.v_splits}")
 
     def __str__(self) -> str:
         base = f"h{self.block_h} n{self.block_n} w{self.warps} s{self.stages} x{self.wave:g}"
-        return base if self.min_split == MIN_SPLIT else f"{base} m{self.min_split}"
+        base = base if self.min_split == MIN_SPLIT else f"{base} m{self.min_split}"
+        return base if self.v_splits == 1 else f"{base} v{self.v_splits}"
 
 
 #: sweeps and tests: ``with override(cfg):`` runs every launch inside with ``cfg`` as given
@@ -263,7 +294,7 @@ def num_splits(rows: int, heads: int, max_context: int, device: torch.device, cf
     if max_context <= 0:
         return 1
     index = device.index if device.index is not None else 0
-    programs = max(1, rows * triton.cdiv(heads, cfg.block_h))
+    programs = max(1, rows * triton.cdiv(heads, cfg.block_h) * cfg.v_splits)
     want = int(cfg.wave * _units(device.type, index) / programs + 0.5)
     splits = max(1, min(want, triton.cdiv(max_context, cfg.min_split), MAX_SPLITS))
     # a power of two: 4 rows x 4096 positions in 17 splits (16 of 256 positions and an empty one,
@@ -311,6 +342,9 @@ def mla_decode_splits(q_latent: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
         raise ValueError(f"{_OP}: kv_cache must have unit last stride and at least one block")
     cfg = cfg or config(q_latent.dtype, heads, kv_cache.shape[1], q_latent.device)
     block_l, block_r = max(16, next_pow2(lat)), max(16, next_pow2(rope))
+    if cfg.v_splits == 2 and block_l < 32:
+        raise ValueError(f"{_OP}: two value halves need at least 32 latent lanes (each half is a dot's K of 16 or "
+                         f"more), got L={lat}")
     direct = splits == 1
     if direct:  # the split kernel writes the output; MID_* are never touched
         mid_o = mid_lse = out
@@ -318,12 +352,13 @@ def mla_decode_splits(q_latent: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
         mid_o = torch.empty((rows, heads, splits, block_l), dtype=torch.float32, device=out.device)
         mid_lse = torch.empty((rows, heads, splits), dtype=torch.float32, device=out.device)
     with device_guard(out.device):
-        _split_kernel[(triton.cdiv(heads, cfg.block_h), splits, rows)](
+        _split_kernel[(triton.cdiv(heads, cfg.block_h) * cfg.v_splits, splits, rows)](
             q_latent, q_pe, kv_cache, block_table, seq_lens, mid_o, mid_lse, out, scale * _LOG2E, kv_cache.shape[0],
             block_table.shape[1], heads, splits, q_latent.stride(0), q_latent.stride(1), q_pe.stride(0),
             q_pe.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0), out.stride(0),
             out.stride(1), L=lat, R=rope, BLOCK_L=block_l, BLOCK_R=block_r, BLOCK_SIZE=kv_cache.shape[1],
-            BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, STAGES=cfg.stages, DIRECT=direct,
+            BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, STAGES=cfg.stages, V_SPLITS=cfg.v_splits,
+            BLOCK_V=block_l // cfg.v_splits, DIRECT=direct,
             PRECISION="ieee" if q_latent.dtype == torch.float32 else "tf32",
             UPCAST=q_latent.dtype == torch.bfloat16 and INTERPRETED, num_warps=cfg.warps)
         if not direct:
@@ -335,6 +370,39 @@ def mla_decode_splits(q_latent: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
     return out
 
 
+#: the Hopper tiles' short-split form: two value halves a head block, one warpgroup each
+#: (``[64, 256]`` fp32 accumulator: 128 registers a thread at 4 warps, against ``[64, 512]`` at 8)
+HALVES = Config(64, 64, 4, 2, 1.0, MIN_SPLIT, 2)
+#: the longest split (positions) for which HALVES replaces the Hopper tiles. H200, 2026-12-03,
+#: DeepSeek-V3 shapes, bf16, us, Hopper tiles -> HALVES (compile): batch 1 x 2048 / 4096 / 8192
+#: positions (splits of 64 / 64 / 128) 14.17 / 18.77 / 21.84 -> 12.53 / 15.36 / 20.15 (15.07 /
+#: 19.02 / 21.21), 2 x 4096 (128) 20.82 -> 20.59; longer splits lose: 4 x 4096 (256) 28.92 ->
+#: 29.05, 1 x 32768 (512) 52.38 -> 54.11, 64 x 4096 (one split of 4096) 267 -> 355
+HALVES_MAX_SPLIT = 128
+
+
+def choose(dtype: torch.dtype, rows: int, heads: int, latent: int, context: int, block_size: int,
+           device: torch.device) -> tuple[Config, int]:
+    """The launch configuration and split count for a call: ``config``'s tiles and
+    ``num_splits``, except that the Hopper tiles give way to ``HALVES`` (same positions a tile,
+    twice the programs, each accumulating half the latent lanes on one warpgroup) when their
+    splits would hold at most ``HALVES_MAX_SPLIT`` positions and HALVES' grid still fits one
+    wave (one program an SM: both take 216 KB of shared memory), the latent at least 32 lanes
+    (two dots of 16): there, a program's fixed cost (its q, its 128-register accumulator,
+    its partial output) outweighs its chain of tiles, and HALVES' programs carry half of it. An
+    ``override`` is taken as given."""
+    cfg = config(dtype, heads, block_size, device)
+    splits = num_splits(rows, heads, context, device, cfg)
+    hopper_16bit = dtype != torch.float32 and cfg == tiles(dtype, heads, block_size, hopper=True)
+    if (_OVERRIDES.top is None and hopper_16bit and (cfg.block_h, cfg.block_n) == (HALVES.block_h, HALVES.block_n)
+            and latent >= 32 and triton.cdiv(context, splits) <= HALVES_MAX_SPLIT):
+        halves = num_splits(rows, heads, context, device, HALVES)
+        programs = rows * triton.cdiv(heads, HALVES.block_h) * HALVES.v_splits * halves
+        if programs <= _units(device.type, device.index if device.index is not None else 0):  # one wave
+            return HALVES, halves
+    return cfg, splits
+
+
 def mla_decode(q_latent: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                seq_lens: torch.Tensor, max_seq_len: int, scale: float) -> torch.Tensor:
     """The ``customop::mla_decode`` kernel (schema in customop/ops/_library/mla.py)."""
@@ -343,8 +411,8 @@ def mla_decode(q_latent: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tenso
     context = min(max_seq_len, bound) if max_seq_len > 0 else bound
     if context <= 0 or kv_cache.shape[0] == 0:
         return q_latent.new_zeros(q_latent.shape)  # nothing can be attended: every row's output is 0
-    cfg = config(q_latent.dtype, q_latent.shape[1], kv_cache.shape[1], q_latent.device)
-    splits = num_splits(q_latent.shape[0], q_latent.shape[1], context, q_latent.device, cfg)
+    rows, heads, lat = q_latent.shape
+    cfg, splits = choose(q_latent.dtype, rows, heads, lat, context, kv_cache.shape[1], q_latent.device)
     return mla_decode_splits(q_latent, q_pe, kv_cache, block_table, seq_lens, scale, splits, cfg)
 
 

@@ -119,15 +119,18 @@ SWEEP_TOLERANCE = 4 * 2.0 ** -8
 
 
 def candidates() -> list:
-    """The default tiles first, then a few alternatives (heads 64/32/16 a program, positions
-    16/32/64 a tile, 4/8 warps, 2/3 stages, half/double the splits, splits of at least 128 or 256
-    positions instead of 64): ~11 configs, each one compile."""
+    """The Hopper tiles first (``choose`` swaps HALVES in for short splits), then a few
+    alternatives (heads 64/32/16 a program, positions 16/32/64 a tile, 4/8 warps, 2/3 stages,
+    half/double the splits, splits of at least 128 or 256 positions instead of 64, two value
+    halves a head block on one or two warpgroups): ~15 configs, each one compile."""
     from customop.backends.triton import mla as kernel
 
     c = kernel.Config
     default = kernel.tiles(torch.bfloat16, HEADS, BLOCK, hopper=True)
     alts = [c(64, 32, 8, 2, 2.0), c(64, 32, 8, 2, 0.5), c(64, 16, 8, 3), c(64, 64, 8, 2), c(64, 32, 8, 3),
-            c(32, 32, 8, 3), c(32, 32, 4, 2), c(16, 32, 8, 1, 2.0), c(64, 64, 8, 2, 1.0, 128), c(64, 64, 8, 2, 1.0, 256)]
+            c(32, 32, 8, 3), c(32, 32, 4, 2), c(16, 32, 8, 1, 2.0), c(64, 64, 8, 2, 1.0, 128),
+            c(64, 64, 8, 2, 1.0, 256), kernel.HALVES, c(64, 64, 8, 2, v_splits=2), c(64, 64, 4, 2, 2.0, v_splits=2),
+            c(64, 32, 4, 2, 1.0, 32, v_splits=2)]
     return [default] + [a for a in alts if a != default]
 
 
