@@ -20,13 +20,15 @@ At 64 x 4096 the multiplies are ~73 GFLOP (128 heads x (576 + 512) MACs per cach
 the kernel must also keep the tensor cores busy.
 
 ``python -m customop.benchmarks.specs.mla --sweep`` (on the GPU) times a few tile configurations
-of the Triton kernel (``backends/triton/mla.py``'s ``Config``, through its ``override``) on every
-shape, checks each output against an fp32 reference, and prints one table.
+of the Triton kernel (``backends/triton/mla.py``'s ``Config``, through its ``override``), the
+launcher's own choice (``choose``) and ``compile`` on every shape (or on ``--shapes 1x1024,8x1024``:
+batch x context), checks each output against an fp32 reference, and prints one table.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import Any
 
@@ -38,11 +40,12 @@ from customop.math import mla as native
 HEADS, LATENT, ROPE, BLOCK = 128, 512, 64, 64
 SCALE = (128 + ROPE) ** -0.5
 
-SHAPES = tuple(
-    Shape(batch, HEADS * LATENT, f"b{batch} ctx{context}", {"context": context},
-          quick=(batch, context) in ((64, 4096), (1, 32768)))
-    for batch in (1, 16, 64) for context in (4096, 32768)
-)
+def shape_of(batch: int, context: int) -> Shape:
+    return Shape(batch, HEADS * LATENT, f"b{batch} ctx{context}", {"context": context},
+                 quick=(batch, context) in ((64, 4096), (1, 32768)))
+
+
+SHAPES = tuple(shape_of(batch, context) for batch in (1, 16, 64) for context in (4096, 32768))
 
 
 def _inputs(shape: Shape, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
@@ -148,31 +151,39 @@ def sweep(shapes=None, device: torch.device | None = None) -> str:
     copy_gbps = measure_copy_bandwidth()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     lines = [f"copy {copy_gbps:.0f} GB/s; {name}",
-             f"{'shape':<14} {'config':<20} {'splits':>6} {'us':>9} {'% floor':>8} {'err':>9}  flag"]
+             f"{'shape':<14} {'config':<32} {'splits':>6} {'us':>9} {'% floor':>8} {'err':>9}  flag"]
     for shape in shapes or SHAPES:
         i = _inputs(shape, torch.bfloat16, device)
         floor_us = _bytes(shape, torch.bfloat16) / (copy_gbps * 1e9) * 1e6
         want = fp32_decode(i["q_latent"], i["q_pe"], i["cache"], i["table"], i["context"])
+        chosen, chosen_splits = kernel.choose(torch.bfloat16, shape.tokens, HEADS, LATENT, i["context"], BLOCK, device)
+        runs = [(str(cfg), kernel.num_splits(shape.tokens, HEADS, i["context"], device, cfg), cfg)
+                for cfg in candidates()]
+        runs += [(f"choose: {chosen}", chosen_splits, None), ("compile", "-", "compile")]
         rows = []
-        for cfg in candidates():
-            splits = kernel.num_splits(shape.tokens, HEADS, i["context"], device, cfg)
-            with kernel.override(cfg):
-                try:
-                    fn = _customop(i)
+        for label, splits, cfg in runs:
+            try:
+                if cfg == "compile":
+                    fn = _compile(i)
                     got = fn().float()
-                    err = float((got - want).norm() / want.norm())
                     us = time_graph([fn])
-                except Exception as exc:  # a config that does not compile or launch is reported
-                    rows.append([shape.label, str(cfg), splits, None, None, None,
-                                 f"failed: {type(exc).__name__} {str(exc).splitlines()[0][:60] if str(exc) else ''}"])
-                    continue
-            rows.append([shape.label, str(cfg), splits, us, 100 * floor_us / us, err,
+                else:
+                    with kernel.override(cfg) if cfg is not None else contextlib.nullcontext():
+                        fn = _customop(i)
+                        got = fn().float()
+                        us = time_graph([fn])
+                err = float((got - want).norm() / want.norm())
+            except Exception as exc:  # a config that does not compile or launch is reported
+                rows.append([shape.label, label, splits, None, None, None,
+                             f"failed: {type(exc).__name__} {str(exc).splitlines()[0][:60] if str(exc) else ''}"])
+                continue
+            rows.append([shape.label, label, splits, us, 100 * floor_us / us, err,
                          "WRONG" if not err <= SWEEP_TOLERANCE else ""])
-        good = [r for r in rows if r[3] is not None and r[6] == ""]
+        good = [r for r in rows[:-1] if r[3] is not None and r[6] == ""]  # compile is not a candidate
         if good:
             min(good, key=lambda r: r[3])[6] = "*"
-        done = [f"{label:<14} {cfg:<20} {splits:>6} {'-':>9} {'-':>8} {'-':>9}  {flag}" if us is None else
-                f"{label:<14} {cfg:<20} {splits:>6} {us:>9.1f} {pct:>7.1f}% {err:>9.2e}  {flag}"
+        done = [f"{label:<14} {cfg:<32} {splits:>6} {'-':>9} {'-':>8} {'-':>9}  {flag}" if us is None else
+                f"{label:<14} {cfg:<32} {splits:>6} {us:>9.2f} {pct:>7.1f}% {err:>9.2e}  {flag}"
                 for label, cfg, splits, us, pct, err, flag in rows]
         print("\n".join(done), file=sys.stderr, flush=True)  # progress; the whole table at the end
         lines += done
@@ -187,9 +198,14 @@ def main(argv: list[str] | None = None) -> int:
                                                  "python -m customop.benchmarks.runner --ops mla_decode)")
     parser.add_argument("--sweep", action="store_true", help="time candidate tile configs on this GPU")
     parser.add_argument("--quick", action="store_true", help="only the quick shapes (64 x 4096, 1 x 32768)")
+    parser.add_argument("--shapes", default="", help="batch x context pairs instead, e.g. 1x1024,8x1024")
     args = parser.parse_args(argv)
     if args.sweep:
-        print(sweep([s for s in SHAPES if s.quick] if args.quick else None))
+        shapes = [s for s in SHAPES if s.quick] if args.quick else None
+        if args.shapes:
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(args.shapes.split(",")))
+            shapes = [shape_of(*(int(n) for n in pair.split("x"))) for pair in args.shapes.split(",")]
+        print(sweep(shapes))
     return 0
 
 
