@@ -34,8 +34,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from benchmarks.cpu.timing import (TOLERANCE, add_timing_args, checked_times, fresh_compile, ms_cells, start_run,
-                                   time_us)
+from customop.benchmarks.cpu.timing import (TOLERANCE, add_timing_args, checked_times, fresh_compile, ms_cells,
+                                            start_run, time_us)
 from customop.config import Config, use_config
 from customop.math.attention import rel_pos_attention_blocked
 from customop.math.mla import MLAMetadata

@@ -19,7 +19,7 @@ import argparse
 
 import torch
 
-from benchmarks.cpu.timing import TOLERANCE, add_timing_args, checked_times, ms_cells, start_run
+from customop.benchmarks.cpu.timing import TOLERANCE, add_timing_args, checked_times, ms_cells, start_run
 from customop.config import Config, use_config
 from customop.ops.conv import Conv2dLayer, Conv3dLayer, conv, conv_layer, patch_linear
 

@@ -39,7 +39,7 @@ import torch
 import copy
 import dataclasses
 
-from benchmarks.cpu.timing import add_timing_args, start_run, time_us
+from customop.benchmarks.cpu.timing import add_timing_args, start_run, time_us
 
 from customop.config import Config, use_config
 from customop.ops import layernorm as L

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks.cpu import attention, moe
+from customop.benchmarks.cpu import attention, moe
 
 
 def table_rows(text: str) -> list[list[str]]:
