@@ -40,6 +40,7 @@ from customop.math import mla as native
 HEADS, LATENT, ROPE, BLOCK = 128, 512, 64, 64
 SCALE = (128 + ROPE) ** -0.5
 
+
 def shape_of(batch: int, context: int) -> Shape:
     return Shape(batch, HEADS * LATENT, f"b{batch} ctx{context}", {"context": context},
                  quick=(batch, context) in ((64, 4096), (1, 32768)))
@@ -203,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         shapes = [s for s in SHAPES if s.quick] if args.quick else None
         if args.shapes:
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(args.shapes.split(",")))
-            shapes = [shape_of(*(int(n) for n in pair.split("x"))) for pair in args.shapes.split(",")]
+            pairs = args.shapes.split(",")
+            # compile specializes per shape: room for every pair's graph
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(pairs))
+            shapes = [shape_of(*(int(n) for n in pair.split("x"))) for pair in pairs]
         print(sweep(shapes))
     return 0
 
