@@ -114,13 +114,13 @@ def _split_kernel(Q, QPE, C, BT, SL, MID_O, MID_LSE, O, qk_scale, num_blocks, ta
     # needs the other half's lanes (`rest`), loaded and multiplied separately
     lanes = half * BLOCK_V + tl.arange(0, BLOCK_V)
     l_ok = lanes < L
-    rest = (1 - half) * BLOCK_V + tl.arange(0, BLOCK_V)
-    rest_ok = rest < L
     pe = tl.arange(0, BLOCK_R)
     pe_ok = pe < R
     q_rows = Q + row.to(tl.int64) * stride_qb + hs[:, None] * stride_qh
     q = tl.load(q_rows + lanes[None, :], mask=h_ok[:, None] & l_ok[None, :], other=0.0)
     if V_SPLITS == 2:
+        rest = (1 - half) * BLOCK_V + tl.arange(0, BLOCK_V)
+        rest_ok = rest < L
         q_rest = tl.load(q_rows + rest[None, :], mask=h_ok[:, None] & rest_ok[None, :], other=0.0)
     q_pe = tl.load(QPE + row.to(tl.int64) * stride_pb + hs[:, None] * stride_ph + pe[None, :],
                    mask=h_ok[:, None] & pe_ok[None, :], other=0.0)

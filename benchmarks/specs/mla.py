@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import sys
 from typing import Any
 
@@ -158,21 +159,19 @@ def sweep(shapes=None, device: torch.device | None = None) -> str:
         floor_us = _bytes(shape, torch.bfloat16) / (copy_gbps * 1e9) * 1e6
         want = fp32_decode(i["q_latent"], i["q_pe"], i["cache"], i["table"], i["context"])
         chosen, chosen_splits = kernel.choose(torch.bfloat16, shape.tokens, HEADS, LATENT, i["context"], BLOCK, device)
-        runs = [(str(cfg), kernel.num_splits(shape.tokens, HEADS, i["context"], device, cfg), cfg)
-                for cfg in candidates()]
-        runs += [(f"choose: {chosen}", chosen_splits, None), ("compile", "-", "compile")]
+        # (label, splits, the scope it runs in, its builder): every candidate under override, the
+        # launcher's own choice, and compile (a baseline, never starred)
+        runs = [(str(cfg), kernel.num_splits(shape.tokens, HEADS, i["context"], device, cfg),
+                 functools.partial(kernel.override, cfg), _customop) for cfg in candidates()]
+        runs += [(f"choose: {chosen}", chosen_splits, contextlib.nullcontext, _customop),
+                 ("compile", "-", contextlib.nullcontext, _compile)]
         rows = []
-        for label, splits, cfg in runs:
+        for label, splits, scope, build in runs:
             try:
-                if cfg == "compile":
-                    fn = _compile(i)
+                with scope():
+                    fn = build(i)
                     got = fn().float()
                     us = time_graph([fn])
-                else:
-                    with kernel.override(cfg) if cfg is not None else contextlib.nullcontext():
-                        fn = _customop(i)
-                        got = fn().float()
-                        us = time_graph([fn])
                 err = float((got - want).norm() / want.norm())
             except Exception as exc:  # a config that does not compile or launch is reported
                 rows.append([shape.label, label, splits, None, None, None,
@@ -180,7 +179,7 @@ def sweep(shapes=None, device: torch.device | None = None) -> str:
                 continue
             rows.append([shape.label, label, splits, us, 100 * floor_us / us, err,
                          "WRONG" if not err <= SWEEP_TOLERANCE else ""])
-        good = [r for r in rows[:-1] if r[3] is not None and r[6] == ""]  # compile is not a candidate
+        good = [r for r in rows if r[1] != "compile" and r[3] is not None and r[6] == ""]
         if good:
             min(good, key=lambda r: r[3])[6] = "*"
         done = [f"{label:<14} {cfg:<32} {splits:>6} {'-':>9} {'-':>8} {'-':>9}  {flag}" if us is None else
