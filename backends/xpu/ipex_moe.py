@@ -9,8 +9,13 @@ weight on the output (not ``apply_router_weight_on_input``). Every other argumen
 chain's next provider.
 
 Ids of -1, ids out of range and experts of other ranks (``expert_map``) contribute nothing in the
-op; IPEX has no such slot, so they are given expert 0 with weight 0 (an exact zero for finite
-outputs; an inf/NaN in expert 0's output for that token would propagate, where the op skips it).
+op; IPEX has no such slot, so they are given weight 0 and a local expert that the token does not
+use otherwise (an exact zero for finite outputs; an inf/NaN in that expert's output for that token
+would propagate, where the op skips it). A token must name each expert at most once: the CPU
+kernel adds one expert's rows in parallel, and a token listed twice for one expert raced (a bf16
+row came back all zero in about 3% of calls, measured on 2.8.0+cpu). So an expert repeated within
+a token's slots gets the slots' weights summed on its first slot, and ``top_k`` may not exceed the
+local experts (else the chain's next provider serves it).
 
 Rounding differs from the spec within the tolerances: IPEX multiplies by the weight in the input
 dtype and accumulates the k experts in it (the spec: fp32). ``use_prepack=False``: on the CPU build
@@ -40,12 +45,18 @@ def supports(hidden_states: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tenso
              alpha: float, limit: float, beta: float, apply_router_weight_on_input: bool) -> bool:
     return (activation == "silu" and math.isinf(limit) and limit > 0 and w13_bias is None and w2_bias is None
             and not apply_router_weight_on_input and hidden_states.dim() == 2 and hidden_states.dtype in DTYPES
+            and topk_ids.dim() == 2 and topk_ids.shape[1] <= w13.shape[0]
             and w13.dtype == hidden_states.dtype and w2.dtype == hidden_states.dtype)
 
 
 def local_routing(topk_weights: Tensor, topk_ids: Tensor, expert_map: Tensor | None,
                   num_local: int) -> tuple[Tensor, Tensor]:
-    """(weights, int64 local ids): slots without a local expert get expert 0 and weight 0."""
+    """(fp32 weights, int64 local ids) in which every token names each local expert at most once.
+
+    A slot without a local expert gets weight 0 and one of the experts the token leaves unused
+    (there are enough: ``top_k <= num_local``); a slot repeating an earlier slot's expert gets
+    weight 0 too, its weight added to the earlier slot's. All on the device, no host sync."""
+    tokens, top_k = topk_ids.shape
     ids = topk_ids.long()
     n_ids = num_local if expert_map is None else expert_map.shape[0]
     known = (ids >= 0) & (ids < n_ids)
@@ -53,7 +64,18 @@ def local_routing(topk_weights: Tensor, topk_ids: Tensor, expert_map: Tensor | N
     if expert_map is not None:
         local = expert_map.long()[local]
     valid = known & (local >= 0) & (local < num_local)
-    return torch.where(valid, topk_weights.float(), 0.0), torch.where(valid, local, 0)
+    weights = torch.where(valid, topk_weights.float(), 0.0)
+    # same[t, i, j]: slots i and j of token t name one local expert
+    same = (local[:, :, None] == local[:, None, :]) & valid[:, :, None] & valid[:, None, :]
+    earlier = torch.ones(top_k, top_k, dtype=torch.bool, device=ids.device).tril(-1)
+    first = valid & ~(same & earlier).any(-1)
+    weights = torch.where(first, (same * weights[:, None, :]).sum(-1), 0.0)
+    taken = torch.zeros(tokens, num_local, dtype=torch.int32, device=ids.device)
+    taken.scatter_add_(1, torch.where(first, local, 0), first.int())
+    unused_experts = torch.sort(taken, dim=1, stable=True).indices  # the untaken ones first, ascending
+    nth_spare_slot = (~first).long().cumsum(1) - 1
+    spare = unused_experts.gather(1, nth_spare_slot.clamp(min=0))
+    return weights, torch.where(first, local, spare)
 
 
 def _version(t: Tensor) -> int | None:

@@ -104,6 +104,52 @@ def test_gated_mlp_moe_vs_float64(modules, label, tokens, dtype):
     ref.assert_layer(label, out, ref.experts(layer, x, w, ids), dtype)
 
 
+@pytest.mark.parametrize("num_local,n_ids,top_k", [(4, 8, 2), (3, 7, 3), (4, 4, 4), (6, 6, 1), (5, 12, 4)])
+def test_local_routing_names_each_expert_once_per_token(num_local, n_ids, top_k):
+    """IPEX's CPU kernel races on a token listed twice for one expert (a bf16 row came back zero),
+    so the routing it gets names each local expert at most once per token and keeps, per expert, the
+    op's total weight: random ids with repeats, -1, out-of-range ids and other ranks' experts."""
+    g = gen("local routing", num_local, n_ids, top_k)
+    tokens = 200
+    ids = torch.randint(-1, n_ids + 2, (tokens, top_k), generator=g, dtype=torch.int32)
+    ids[::3, -1] = ids[::3, 0]  # repeats within a token
+    weights = torch.rand(tokens, top_k, generator=g)
+    expert_map = torch.full((n_ids,), -1, dtype=torch.int32)
+    expert_map[torch.randperm(n_ids, generator=g)[:num_local]] = torch.arange(num_local, dtype=torch.int32)
+    for mapping in (expert_map, None if n_ids == num_local else expert_map):
+        got_w, got_ids = ipex_moe.local_routing(weights, ids, mapping, num_local)
+        assert got_ids.dtype == torch.int64 and got_w.dtype == torch.float32
+        assert ((got_ids >= 0) & (got_ids < num_local)).all()
+        assert (got_ids.sort(1).values.diff(dim=1) > 0).all(), "a token names one expert twice"
+        local = ids.long() if mapping is None else mapping.long()[ids.long().clamp(0, n_ids - 1)]
+        local = torch.where((ids >= 0) & (ids < n_ids), local, -1)
+        want = torch.zeros(tokens, num_local + 1).scatter_add_(1, torch.where(local >= 0, local, num_local),
+                                                               weights)[:, :num_local]
+        got = torch.zeros(tokens, num_local).scatter_add_(1, got_ids, got_w)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_repeated_experts_in_a_token(modules):
+    """An expert named twice by one token counts twice, as in the op (the weights summed)."""
+    label = "silu E6 k3 H40 I24"
+    case, layer = build(label, torch.bfloat16)
+    x, w, ids = routed_inputs(layer, case, 9, torch.bfloat16, generator=gen(label, "repeats"))
+    ids[:, 2] = ids[:, 0]
+    ids[4, 1] = ids[4, 0]
+    out = ipex_moe.bind(None, modules).run(*op_args(layer, x, w, ids))
+    ref.assert_layer("repeated experts", out, ref.experts(layer, x, w, ids), torch.bfloat16)
+
+
+def test_more_slots_than_local_experts_is_handed_on():
+    """A token's slots must fit in distinct local experts: top_k 3 over 2 local experts cannot."""
+    case, layer = build("silu E6 k3 H40 I24", torch.float32)
+    x, w, ids = routed_inputs(layer, case, 3, torch.float32, generator=gen("k over local"))
+    args = list(op_args(layer, x, w, ids))
+    args[1], args[2] = args[1][:2], args[2][:2]
+    args[5] = torch.tensor([0, 1, -1, -1, -1, -1], dtype=torch.int32)  # expert_map: 2 of 6 local
+    assert not ipex_moe.supports(*args)
+
+
 def test_no_tokens(modules):
     _, layer = build("silu E6 k3 H40 I24", torch.float32)
     out = ipex_moe.bind(None, modules).run(*op_args(layer, torch.zeros(0, 40), torch.zeros(0, 3),
