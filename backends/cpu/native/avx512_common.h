@@ -8,26 +8,13 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-#define INLINE static inline __attribute__((always_inline))
-
-enum { BF16 = 0, FP16 = 1, FP32 = 2 }; /* fp32: rms_norm_gated.c only (nothing to round) */
+#include "native_common.h"
 
 #define ALL ((__mmask16)0xffff)
 #define RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
 /* the first min(left, 16) lanes */
 INLINE __mmask16 lanes(int64_t left) { return left >= 16 ? ALL : (__mmask16)((1u << left) - 1); }
-
-/* The threads a call of `rows` rows and `elems` elements uses: at most `threads`, one per `grain`
- * elements (a second thread's start and join cost more than it saves below that) and one per row. */
-INLINE int threads_for(int threads, int64_t rows, int64_t elems, int64_t grain) {
-    int64_t most = elems / grain;
-    if (threads > most)
-        threads = most > 1 ? (int)most : 1;
-    if (threads > rows)
-        threads = (int)rows;
-    return threads;
-}
 
 /* 16 lanes of bf16/fp16 (those in `m`; the others 0) widened to fp32. */
 INLINE __m512 load16(const uint16_t *p, __mmask16 m, int dt) {

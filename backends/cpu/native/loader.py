@@ -7,14 +7,21 @@ process. The cache: ``$CUSTOMOP_CACHE_DIR`` or ``$XDG_CACHE_HOME/customop`` (``~
 sub-folder ``native``; a file's name carries a hash of the sources, compiler and flags, so an edited
 source or another CPU's flags never meet a stale build.
 
-Where the kernels cannot run (not x86-64 Linux, no AVX-512, no C compiler, a failed build,
-``CUSTOMOP_CPU_NATIVE=0``) ``library()`` returns None, says why once in the log, and the callers
-take the compiled tier as before.
+Two builds, by the CPU's instruction set: on AVX-512 CPUs the RMSNorm and gated-RMSNorm kernels
+(``rms_norm.c``, ``rms_norm_gated.c``), on CPUs with AVX2 and F16C but no AVX-512 the RMSNorm kernel
+alone (``rms_norm_avx2.c``, the same entry points). ``CUSTOMOP_CPU_NATIVE``: ``0`` no kernel,
+``avx2`` / ``avx512`` that build only (the AVX2 one also runs on AVX-512 CPUs: tests and
+comparisons), anything else the best build the CPU has.
+
+Where the kernels cannot run (not x86-64 Linux, neither instruction set, no C compiler, a failed
+build, ``CUSTOMOP_CPU_NATIVE=0``) ``library()`` returns None, says why once in the log, and the
+callers take the compiled tier as before.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import logging
 import os
@@ -27,15 +34,32 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-#: the kernels' C sources, built into one library, and the header they share (in the cache key too)
-SOURCES = (_HERE / "rms_norm.c", _HERE / "rms_norm_gated.c")
-HEADERS = (_HERE / "avx512_common.h",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Build:
+    """One library: its C sources and the headers they include (both in the cache key), the CPU
+    features it needs (``/proc/cpuinfo`` flag -> compiler flag), the kernels it holds."""
+
+    isa: str
+    sources: tuple[Path, ...]
+    headers: tuple[Path, ...]
+    features: dict[str, str]
+    kernels: frozenset[str]
+
 
 #: AVX-512 subsets every kernel uses (masked 16-bit loads and stores, fpclass); F16C's conversions
 #: come with AVX512F in their 512-bit form
-_BASE_FEATURES = {"avx512f": "-mavx512f", "avx512bw": "-mavx512bw", "avx512vl": "-mavx512vl",
-                  "avx512dq": "-mavx512dq"}
-#: the hardware fp32 -> bf16 rounding; without it the bf16 entry point is not built
+AVX512 = Build("avx512", (_HERE / "rms_norm.c", _HERE / "rms_norm_gated.c"),
+               (_HERE / "avx512_common.h", _HERE / "native_common.h"),
+               {"avx512f": "-mavx512f", "avx512bw": "-mavx512bw", "avx512vl": "-mavx512vl",
+                "avx512dq": "-mavx512dq"}, frozenset({"rms_norm", "rms_norm_gated"}))
+#: 8-lane loads and integer bf16 rounding; F16C for fp16's conversions
+AVX2 = Build("avx2", (_HERE / "rms_norm_avx2.c",), (_HERE / "native_common.h",), {"avx2": "-mavx2", "f16c": "-mf16c"},
+             frozenset({"rms_norm"}))
+#: the builds in order of preference
+BUILDS = (AVX512, AVX2)
+#: the hardware fp32 -> bf16 rounding; without it the AVX-512 build has no bf16 entry point
 _BF16_FEATURE = ("avx512_bf16", "-mavx512bf16")
 #: -ffp-contract=off: the kernel's squares and sums are separate roundings, as in the spec (GCC
 #: contracts a * b + c into an FMA by default)
@@ -46,6 +70,10 @@ _UNSET = object()
 _library: object = _UNSET
 #: dtype names ("bf16", "fp16") the loaded library has entry points for
 dtypes: frozenset[str] = frozenset()
+#: the kernels ("rms_norm", "rms_norm_gated") the loaded library holds
+kernels: frozenset[str] = frozenset()
+#: the loaded library's build ("avx512", "avx2"), or None
+isa: str | None = None
 #: builds run by this process (tests count them)
 builds = 0
 
@@ -75,36 +103,49 @@ def cache_dir() -> Path:
     return Path(root) / "native"
 
 
-def _plan() -> tuple[str, list[str], frozenset[str]] | str:
-    """(compiler, flags, dtype names) for this machine, or why there is no kernel."""
+def _choose(flags: set[str]) -> Build | str:
+    """The build ``CUSTOMOP_CPU_NATIVE`` and the CPU's features allow, or why there is none."""
+    wanted = os.environ.get("CUSTOMOP_CPU_NATIVE", "1")
+    candidates = [b for b in BUILDS if wanted in (b.isa, "1", "")] or list(BUILDS)
+    for build in candidates:
+        if all(f in flags for f in build.features):
+            return build
+    lacks = "; ".join(f"{b.isa}: {', '.join(sorted(f for f in b.features if f not in flags))}" for b in candidates)
+    return f"the CPU lacks what the builds need ({lacks})"
+
+
+def _plan() -> tuple[str, list[str], frozenset[str], Build] | str:
+    """(compiler, flags, dtype names, build) for this machine, or why there is no kernel."""
     if os.environ.get("CUSTOMOP_CPU_NATIVE", "1") == "0":
         return "CUSTOMOP_CPU_NATIVE=0"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"{platform.system()} {platform.machine()} is not x86-64 Linux"
     flags = cpu_flags()
-    missing = sorted(f for f in _BASE_FEATURES if f not in flags)
-    if missing:
-        return f"the CPU lacks {', '.join(missing)}"
+    build = _choose(flags)
+    if isinstance(build, str):
+        return build
     cc = compiler()
     if cc is None:
         return "no C compiler (gcc, cc or $CC) on the PATH"
-    march = list(_BASE_FEATURES.values())
+    march = list(build.features.values())
     names = {"fp16"}
-    if _BF16_FEATURE[0] in flags:
+    if build is AVX2:
+        names.add("bf16")  # rounded by integer operations: no feature of its own
+    elif _BF16_FEATURE[0] in flags:
         march.append(_BF16_FEATURE[1])
         names.add("bf16")
-    return cc, _FLAGS + march, frozenset(names)
+    return cc, _FLAGS + march, frozenset(names), build
 
 
-def _build(cc: str, flags: list[str], target: Path) -> None:
-    """Compiles ``SOURCES`` to ``target`` through a temporary file in the same folder (renamed into
+def _build(cc: str, flags: list[str], sources: tuple[Path, ...], target: Path) -> None:
+    """Compiles ``sources`` to ``target`` through a temporary file in the same folder (renamed into
     place, so concurrent processes never load a half-written file)."""
     global builds
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp], check=True, capture_output=True, text=True)
+        subprocess.run([cc, *flags, *map(str, sources), "-o", tmp], check=True, capture_output=True, text=True)
         os.replace(tmp, target)
         builds += 1
     finally:
@@ -114,7 +155,7 @@ def _build(cc: str, flags: list[str], target: Path) -> None:
 
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None where they cannot run (logged once); built on first use."""
-    global _library, dtypes
+    global _library, dtypes, kernels, isa
     if _library is not _UNSET:
         return _library  # type: ignore[return-value]
     _library = None
@@ -122,13 +163,13 @@ def library() -> ctypes.CDLL | None:
     if isinstance(plan, str):
         log.info("customop: no native CPU norm kernel (%s); the compiled tier runs instead", plan)
         return None
-    cc, flags, names = plan
+    cc, flags, names, build = plan
     try:
-        code = b"".join(f.read_bytes() for f in (*SOURCES, *HEADERS))
+        code = b"".join(f.read_bytes() for f in (*build.sources, *build.headers))
         key = hashlib.sha256(code + "\0".join([cc, *flags]).encode()).hexdigest()[:20]
-        target = cache_dir() / f"norms-{key}.so"
+        target = cache_dir() / f"norms-{build.isa}-{key}.so"
         if not target.exists():
-            _build(cc, flags, target)
+            _build(cc, flags, build.sources, target)
         lib = ctypes.CDLL(str(target))
     except subprocess.CalledProcessError as e:
         log.warning("customop: building the native CPU norm kernel failed (%s); the compiled tier runs "
@@ -138,11 +179,11 @@ def library() -> ctypes.CDLL | None:
         log.warning("customop: the native CPU norm kernel could not be built or loaded (%s); the "
                     "compiled tier runs instead", e)
         return None
-    _library, dtypes = lib, names
+    _library, dtypes, kernels, isa = lib, names, build.kernels, build.isa
     return lib
 
 
 def reset() -> None:
     """Forgets the loaded library (tests: the next ``library()`` plans and loads again)."""
-    global _library, dtypes
-    _library, dtypes = _UNSET, frozenset()
+    global _library, dtypes, kernels, isa
+    _library, dtypes, kernels, isa = _UNSET, frozenset(), frozenset(), None

@@ -1,12 +1,12 @@
 """``rms_norm_gated`` (Mamba-2's grouped gated RMSNorm, ``RMSNormGated``) through the hand-written
-kernel (``rms_norm_gated.c``): the spec's arguments in, its result out (a new tensor), or None for a
-call the kernel does not take, which then runs the other tiers. Taken: bf16 (where the CPU has
-AVX512_BF16), fp16 or fp32 x with z of x's dtype and shape (or none) and a weight of x's dtype or
-fp32, a group size dividing the width, plain CPU tensors whose rows have unit stride (contiguous,
-or 2-D with any row stride), autograd not recording, nothing intercepting torch calls (modes,
-transforms, tracing, autocast); and only where torch's own vectorised exp (``Sleef_expf16_u10``
-in libtorch_cpu, the one ATen's silu and sigmoid call) can be found for the kernel to call, so
-that its gate is bitwise ATen's."""
+kernel (``rms_norm_gated.c``, in the AVX-512 build only): the spec's arguments in, its result out
+(a new tensor), or None for a call the kernel does not take, which then runs the other tiers.
+Taken: bf16 (where the CPU has AVX512_BF16), fp16 or fp32 x with z of x's dtype and shape (or none)
+and a weight of x's dtype or fp32, a group size dividing the width, plain CPU tensors whose rows
+have unit stride (contiguous, or 2-D with any row stride), autograd not recording, nothing
+intercepting torch calls (modes, transforms, tracing, autocast); and only where torch's own
+vectorised exp (``Sleef_expf16_u10`` in libtorch_cpu, the one ATen's silu and sigmoid call) can be
+found for the kernel to call, so that its gate is bitwise ATen's."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def entries() -> dict[torch.dtype, Any]:
     global _entries, _exp16
     if _entries is None:
         lib = loader.library()
-        exp16 = torch_exp16() if lib is not None else None
+        exp16 = torch_exp16() if lib is not None and "rms_norm_gated" in loader.kernels else None
         found = {}
         for dtype, name in _NAMES.items():
             if exp16 is not None and (name not in _FEATURE_GATED or name in loader.dtypes):

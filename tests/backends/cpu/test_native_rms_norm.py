@@ -1,4 +1,5 @@
-"""RMSNorm's hand-written CPU kernel (backends/cpu/native, issue 18), which serves GemmaRMSNorm too
+"""RMSNorm's hand-written CPU kernels (backends/cpu/native, issue 18; the AVX-512 build and the AVX2
+one, each test of the math run on every build this CPU has), which serve GemmaRMSNorm too
 and weights in fp32: bitwise the spec wherever the
 variance's fp32 sum is exact in any order (so the kernel's other summation order cannot show),
 within a last-bit variance difference elsewhere; fp32 subnormals, infinities and NaN as the spec
@@ -27,6 +28,19 @@ from tests.cases.layernorm import ref_fused_add, ref_rms_norm
 DTYPES = [torch.bfloat16, torch.float16]
 
 pytestmark = pytest.mark.skipif(not N.entries(), reason="no native kernel on this machine (CPU or compiler)")
+#: the builds this CPU runs (the AVX2 one runs on AVX-512 CPUs too)
+ISAS = [b.isa for b in loader.BUILDS if all(f in loader.cpu_flags() for f in b.features)]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch):
+    """The test runs on each build this CPU has (``CUSTOMOP_CPU_NATIVE`` names it)."""
+    monkeypatch.setenv("CUSTOMOP_CPU_NATIVE", request.param)
+    N.reset()
+    N.entries()
+    assert loader.isa == request.param
+    yield request.param
+    N.reset()  # the next test loads the default build
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +92,7 @@ FORMS = {"rms_norm": (RMSNorm, None), "rms_norm-fp32_weight": (RMSNorm, torch.fl
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 4231), (7, 4231), (4231, 7), (7, 1), (3, 5, 64), (1, 64), (2048, 96)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_bitwise_the_spec(shape, dtype, form, poisoned):
+def test_bitwise_the_spec(shape, dtype, form, poisoned, isa):
     """x and weight of the dtype (HF Llama: y rounded before the weight multiply), an fp32 weight
     (no rounding before it), Gemma's 1 + w with either weight."""
     cls, weight_dtype = FORMS[form]
@@ -92,7 +106,7 @@ def test_bitwise_the_spec(shape, dtype, form, poisoned):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_random_inputs(dtype):
+def test_random_inputs(dtype, isa):
     """Gaussian rows: the float64 reference's tolerance, and the spec's bits but where the
     variance's last bit (the summation order) moves the first rounding by one unit (times a
     weight above 1: up to two units of the output)."""
@@ -111,7 +125,7 @@ def test_random_inputs(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_subnormals_infinities_and_nan(dtype):
+def test_subnormals_infinities_and_nan(dtype, isa):
     """Lanes the hardware bf16 conversion would flush (fp32 subnormals, stored by the integer
     rounding instead), a row of zeros with eps 0 (inf * 0: NaN), an infinite input, tiny weights."""
     tiny = 1e-39 if dtype == torch.bfloat16 else 1e-7  # the dtype's subnormal range
@@ -137,7 +151,7 @@ def test_subnormals_infinities_and_nan(dtype):
             assert subnormal(want[0]) and subnormal(want[2]) and want[0].isnan().any()
 
 
-def test_layouts(poisoned):
+def test_layouts(poisoned, isa):
     """Row-strided 2-D x and residual (slices of wider rows) and 3-D contiguous ones run the
     kernel; a transposed x does not (the eager tier runs it at this size); results as the spec's."""
     dtype = torch.bfloat16
@@ -174,7 +188,7 @@ def test_calls_it_leaves_to_the_other_tiers():
     assert_close(y, op.forward_native(x), torch.bfloat16)
 
 
-def test_threads_do_not_change_the_result():
+def test_threads_do_not_change_the_result(isa):
     x = torch.randn(256, 512, dtype=torch.bfloat16)
     w = torch.randn(512, dtype=torch.bfloat16)
     threads = torch.get_num_threads()
@@ -197,7 +211,7 @@ def test_tiers_wiring():
 
 def test_built_once_then_loaded_from_the_cache(fresh_library):
     builds = loader.builds
-    assert set(N.entries()) == set(DTYPES)  # this machine has AVX512_BF16 (the skip above)
+    assert set(N.entries()) == set(DTYPES)  # the AVX2 build, and the AVX-512 one with AVX512_BF16, have both
     assert loader.builds == builds + 1
     (built,) = (fresh_library / "native").glob("norms-*.so")
     N.reset()
@@ -219,9 +233,27 @@ def fallback(monkeypatch, caplog, **patches):
     return [r.getMessage() for r in caplog.records if r.name == loader.__name__]
 
 
-def test_no_avx512_no_kernel(monkeypatch, caplog, fresh_library):
-    (message,) = fallback(monkeypatch, caplog, cpu_flags=lambda: {"avx2", "f16c"})
-    assert "lacks avx512bw, avx512dq, avx512f, avx512vl" in message
+@pytest.mark.parametrize("flags,wanted,isa_", [
+    ({"avx2", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"}, "1", "avx512"),
+    ({"avx2", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"}, "avx2", "avx2"),
+    ({"avx2", "f16c", "avx512f"}, "1", "avx2"),
+    ({"avx2", "f16c"}, "1", "avx2"),
+    ({"avx2", "f16c"}, "anything", "avx2"),
+])
+def test_the_build_follows_the_cpu_and_the_switch(monkeypatch, flags, wanted, isa_):
+    monkeypatch.setenv("CUSTOMOP_CPU_NATIVE", wanted)
+    assert loader._choose(flags).isa == isa_
+
+
+def test_a_build_the_cpu_lacks_is_not_taken(monkeypatch):
+    monkeypatch.setenv("CUSTOMOP_CPU_NATIVE", "avx512")
+    assert loader._choose({"avx2", "f16c"}) == "the CPU lacks what the builds need (avx512: avx512bw, " \
+                                               "avx512dq, avx512f, avx512vl)"
+
+
+def test_no_avx2_no_kernel(monkeypatch, caplog, fresh_library):
+    (message,) = fallback(monkeypatch, caplog, cpu_flags=lambda: {"sse4_2", "avx"})
+    assert "lacks what the builds need (avx512: avx512bw, avx512dq, avx512f, avx512vl; avx2: avx2, f16c)" in message
     assert N.entries() == {}
 
 
@@ -235,7 +267,10 @@ def test_failed_build_is_logged(monkeypatch, caplog, fresh_library):
     assert "building the native CPU norm kernel failed" in message
 
 
+@pytest.mark.skipif("avx512" not in ISAS, reason="the AVX-512 build needs an AVX-512 CPU")
 def test_without_avx512_bf16_only_fp16(monkeypatch, fresh_library, poisoned):
+    """The AVX-512 build's bf16 entry needs AVX512_BF16 (the AVX2 build rounds bf16 with integer
+    operations and always has it)."""
     flags = loader.cpu_flags() - {"avx512_bf16"}
     monkeypatch.setattr(loader, "cpu_flags", lambda: flags)
     assert set(N.entries()) == {torch.float16}
