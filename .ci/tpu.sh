@@ -5,7 +5,8 @@
 # uses torch 2.13.
 #
 # Usage: bash .ci/tpu.sh [extra pytest args]. Env: CUSTOMOP_TPU_VENV (default .venv-tpu),
-# PYTHON (default python3), CUSTOMOP_TIER_CLEANUP=1 (remove the venv afterwards). A venv that
+# PYTHON (default python3), CUSTOMOP_TIER_CLEANUP=1 (remove the venv afterwards),
+# CUSTOMOP_TIER_PREPARE=1 (build the venv, run no test). A venv that
 # already holds the pinned set is reused; without one, a machine short of disk skips the tier.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,9 @@ EOF
     "$python" -m venv "$venv"
     install_one_by_one "$venv" "${pins[@]}" "${test_deps[@]}"
 fi
+# CI builds the venv ahead, while the main tier's tests run (.ci/run); the editable install of
+# the checkout and the tests come when the tier's turn comes.
+if [[ ${CUSTOMOP_TIER_PREPARE:-0} == 1 ]]; then echo "tpu tier: venv ready in $((SECONDS - t0)) s"; exit 0; fi
 # The editable install of this checkout (skipped when the venv already points here).
 if ! "$venv/bin/python" -c 'import customop, os, sys; sys.exit(not os.path.samefile(customop.__path__[0], "customop"))' 2>/dev/null; then
     "$venv/bin/pip" install -q --no-cache-dir --no-deps -e . >/dev/null 2>&1 \

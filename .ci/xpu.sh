@@ -6,7 +6,8 @@
 # PyPI's IPEX is the CPU build (2.8.0+cpu); its llm.functional kernels take CPU tensors.
 #
 # Usage: bash .ci/xpu.sh [extra pytest args]. Env: CUSTOMOP_XPU_VENV (default .venv-xpu),
-# PYTHON (default python3), CUSTOMOP_TIER_CLEANUP=1 (remove the venv afterwards). A venv that
+# PYTHON (default python3), CUSTOMOP_TIER_CLEANUP=1 (remove the venv afterwards),
+# CUSTOMOP_TIER_PREPARE=1 (build the venv, run no test). A venv that
 # already holds the pinned set is reused; without one, a machine short of disk skips the tier.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,9 @@ then
     "$python" -m venv "$venv" || exit 1
     install_one_by_one "$venv" "${pins[@]}" "${test_deps[@]}" || exit 1
 fi
+# CI builds the venv ahead, while the main tier's tests run (.ci/run); the editable install of
+# the checkout and the tests come when the tier's turn comes.
+if [[ ${CUSTOMOP_TIER_PREPARE:-0} == 1 ]]; then echo "xpu tier: venv ready in $((SECONDS - t0)) s"; exit 0; fi
 if ! "$venv/bin/pip" install -q --no-cache-dir --no-deps -e . >/dev/null 2>&1; then
     echo "xpu tier: the editable install of customop failed"
     exit 1
