@@ -51,12 +51,12 @@ class Build:
 #: AVX-512 subsets every kernel uses (masked 16-bit loads and stores, fpclass); F16C's conversions
 #: come with AVX512F in their 512-bit form
 AVX512 = Build("avx512", (_HERE / "rms_norm.c", _HERE / "rms_norm_gated.c"),
-               (_HERE / "avx512_common.h", _HERE / "native_common.h"),
+               (_HERE / "avx512_common.h", _HERE / "native_common.h", _HERE / "rms_norm_rows.h"),
                {"avx512f": "-mavx512f", "avx512bw": "-mavx512bw", "avx512vl": "-mavx512vl",
                 "avx512dq": "-mavx512dq"}, frozenset({"rms_norm", "rms_norm_gated"}))
 #: 8-lane loads and integer bf16 rounding; F16C for fp16's conversions
-AVX2 = Build("avx2", (_HERE / "rms_norm_avx2.c",), (_HERE / "native_common.h",), {"avx2": "-mavx2", "f16c": "-mf16c"},
-             frozenset({"rms_norm"}))
+AVX2 = Build("avx2", (_HERE / "rms_norm_avx2.c",), (_HERE / "native_common.h", _HERE / "rms_norm_rows.h"),
+             {"avx2": "-mavx2", "f16c": "-mf16c"}, frozenset({"rms_norm"}))
 #: the builds in order of preference
 BUILDS = (AVX512, AVX2)
 #: the hardware fp32 -> bf16 rounding; without it the AVX-512 build has no bf16 entry point

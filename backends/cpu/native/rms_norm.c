@@ -110,56 +110,25 @@ INLINE void normalise_row(int dt, int round_y, const uint16_t *x, const uint16_t
     store_out_exact(dt, round_y, x, h32_in, wf, out, suspect ? 0 : i, n, inv);
 }
 
-/* rows of n elements; x_stride / r_stride: elements between rows of x / residual (r NULL: no
- * residual, r_out unused). out and r_out are contiguous [rows, n]. Returns 0, or -1 when out of
- * memory (the outputs then incomplete: the caller runs another path). */
-INLINE int run(int dt, int round_y, const uint16_t *x, int64_t x_stride, const uint16_t *r, int64_t r_stride,
-               const void *w, int w32, int plus_one, uint16_t *out, uint16_t *r_out, int64_t rows, int64_t n, float eps,
-               int threads) {
-    float *wf = malloc(n * sizeof(float)); /* the weight widened once a call, not once a row */
+/* the weight in fp32 (Gemma's: 1 + w), n floats (rms_norm_rows.h) */
+INLINE float *widened_weight(int dt, const void *w, int w32, int plus_one, int64_t n) {
+    float *wf = malloc(n * sizeof(float));
     if (!wf)
-        return -1;
+        return 0;
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = lanes(n - i);
         __m512 v = w32 ? _mm512_maskz_loadu_ps(m, (const float *)w + i) : load16((const uint16_t *)w + i, m, dt);
         /* Gemma's 1 + w, in fp32 as the spec adds it */
         _mm512_mask_storeu_ps(wf + i, m, plus_one ? _mm512_add_ps(_mm512_set1_ps(1.0f), v) : v);
     }
-    /* a thread per 32K elements at most (ATen's grain): below ~8x4096 a second thread's start
-     * and join cost more than it saves (measured 2.2 vs 4.2 us at 2x4096, 6.2 vs 6.3 at 8x4096) */
-    threads = threads_for(threads, rows, rows * n, 32768);
-    int failed = 0;
-#pragma omp parallel num_threads(threads > 1 ? threads : 1) if (threads > 1) reduction(| : failed)
-    {
-        float *h32 = r ? malloc(n * sizeof(float)) : 0; /* per thread: stays in L1/L2 */
-        if (r && !h32)
-            failed = 1;
-#pragma omp for schedule(static)
-        for (int64_t j = 0; j < rows; j++)
-            if (!r || h32)
-                normalise_row(dt, round_y, x + j * x_stride, r ? r + j * r_stride : 0, wf, out + j * n,
-                              r ? r_out + j * n : 0, h32, n, eps);
-        free(h32);
-    }
-    free(wf);
-    return failed ? -1 : 0;
+    return wf;
 }
 
-/* The entry points (ctypes), one per dtype. w32: the weight is fp32 (else x's dtype); plus_one:
- * Gemma's form, the weight applied as 1 + w in fp32. y is rounded to the dtype before the weight
- * multiply exactly when the spec multiplies in x's dtype (a weight of x's dtype, not Gemma): the
- * row loop is compiled for both cases. The bf16 entry exists only where the build enabled
- * AVX512_BF16. */
-#define ENTRY(name, dt)                                                                                    \
-    int name(const uint16_t *x, int64_t x_stride, const uint16_t *r, int64_t r_stride, const void *w,     \
-             int w32, int plus_one, uint16_t *out, uint16_t *r_out, int64_t rows, int64_t n, float eps,   \
-             int threads) {                                                                               \
-        if (w32 || plus_one)                                                                              \
-            return run(dt, 0, x, x_stride, r, r_stride, w, w32, plus_one, out, r_out, rows, n, eps, threads); \
-        return run(dt, 1, x, x_stride, r, r_stride, w, 0, 0, out, r_out, rows, n, eps, threads);         \
-    }
-
+#define ROW_FLOATS(n) (n)
+/* the bf16 entry exists only where the build enabled AVX512_BF16 (pack32's conversion) */
 #ifdef __AVX512BF16__
-ENTRY(customop_rms_norm_bf16, BF16)
+#define BF16_ENTRY 1
+#else
+#define BF16_ENTRY 0
 #endif
-ENTRY(customop_rms_norm_fp16, FP16)
+#include "rms_norm_rows.h"

@@ -152,16 +152,14 @@ INLINE void normalise_row(int dt, int round_y, const uint16_t *x, const uint16_t
     }
 }
 
-/* rows of n elements; x_stride / r_stride: elements between rows of x / residual (r NULL: no
- * residual, r_out unused). out and r_out are contiguous [rows, n]. Returns 0, or -1 when out of
- * memory (the outputs then incomplete: the caller runs another path). */
-INLINE int run(int dt, int round_y, const uint16_t *x, int64_t x_stride, const uint16_t *r, int64_t r_stride,
-               const void *w, int w32, int plus_one, uint16_t *out, uint16_t *r_out, int64_t rows, int64_t n, float eps,
-               int threads) {
-    const int64_t padded = (n + 7) & ~(int64_t)7, body = n & ~(int64_t)7;
-    float *wf = malloc(padded * sizeof(float)); /* the weight widened once a call, not once a row */
+/* the weight in fp32 (Gemma's: 1 + w), padded with zeros to ROW_FLOATS(n) (rms_norm_rows.h) */
+#define ROW_FLOATS(n) (((n) + 7) & ~(int64_t)7)
+
+INLINE float *widened_weight(int dt, const void *w, int w32, int plus_one, int64_t n) {
+    const int64_t padded = ROW_FLOATS(n), body = n & ~(int64_t)7;
+    float *wf = malloc(padded * sizeof(float));
     if (!wf)
-        return -1;
+        return 0;
     for (int64_t i = 0; i < padded; i += 8) {
         __m256 v;
         if (w32) {
@@ -174,35 +172,8 @@ INLINE int run(int dt, int round_y, const uint16_t *x, int64_t x_stride, const u
         /* Gemma's 1 + w, in fp32 as the spec adds it (the padding's lanes multiply zeros only) */
         _mm256_storeu_ps(wf + i, plus_one ? _mm256_add_ps(_mm256_set1_ps(1.0f), v) : v);
     }
-    /* a thread per 32K elements at most (ATen's grain; rms_norm.c says why) */
-    threads = threads_for(threads, rows, rows * n, 32768);
-    int failed = 0;
-#pragma omp parallel num_threads(threads > 1 ? threads : 1) if (threads > 1) reduction(| : failed)
-    {
-        float *h32 = r ? malloc(padded * sizeof(float)) : 0; /* per thread: stays in L1/L2 */
-        if (r && !h32)
-            failed = 1;
-#pragma omp for schedule(static)
-        for (int64_t j = 0; j < rows; j++)
-            if (!r || h32)
-                normalise_row(dt, round_y, x + j * x_stride, r ? r + j * r_stride : 0, wf, out + j * n,
-                              r ? r_out + j * n : 0, h32, n, eps);
-        free(h32);
-    }
-    free(wf);
-    return failed ? -1 : 0;
+    return wf;
 }
 
-/* The entry points (ctypes), rms_norm.c's names and arguments. w32: the weight is fp32 (else x's
- * dtype); plus_one: Gemma's form, the weight applied as 1 + w in fp32. */
-#define ENTRY(name, dt)                                                                                    \
-    int name(const uint16_t *x, int64_t x_stride, const uint16_t *r, int64_t r_stride, const void *w,     \
-             int w32, int plus_one, uint16_t *out, uint16_t *r_out, int64_t rows, int64_t n, float eps,   \
-             int threads) {                                                                               \
-        if (w32 || plus_one)                                                                              \
-            return run(dt, 0, x, x_stride, r, r_stride, w, w32, plus_one, out, r_out, rows, n, eps, threads); \
-        return run(dt, 1, x, x_stride, r, r_stride, w, 0, 0, out, r_out, rows, n, eps, threads);         \
-    }
-
-ENTRY(customop_rms_norm_bf16, BF16)
-ENTRY(customop_rms_norm_fp16, FP16)
+#define BF16_ENTRY 1 /* the integer rounding needs no CPU feature */
+#include "rms_norm_rows.h"
