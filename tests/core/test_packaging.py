@@ -40,7 +40,10 @@ def wheel_files(tmp_path_factory) -> set[str]:
         pytest.skip("setuptools is not installed")
     if setuptools < Version("70.1") and importlib.util.find_spec("wheel") is None:  # 70.1 builds wheels itself
         pytest.skip("building a wheel with this setuptools needs the wheel package")
-    if importlib.util.find_spec("pip") is None:
+    try:  # metadata again: find_spec("pip") makes setuptools' distutils shim stand down for the whole
+        # process (its hook for pip), and a later `import setuptools` (Inductor's C++ builds) then fails
+        importlib.metadata.version("pip")
+    except importlib.metadata.PackageNotFoundError:
         pytest.skip("pip is not installed")
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "setup.py", "README.md"):
