@@ -70,10 +70,8 @@ _UNSET = object()
 _library: object = _UNSET
 #: dtype names ("bf16", "fp16") the loaded library has entry points for
 dtypes: frozenset[str] = frozenset()
-#: the kernels ("rms_norm", "rms_norm_gated") the loaded library holds
-kernels: frozenset[str] = frozenset()
-#: the loaded library's build ("avx512", "avx2"), or None
-isa: str | None = None
+#: the loaded library's build (its isa and kernels), or None
+loaded: Build | None = None
 #: builds run by this process (tests count them)
 builds = 0
 
@@ -103,9 +101,8 @@ def cache_dir() -> Path:
     return Path(root) / "native"
 
 
-def _choose(flags: set[str]) -> Build | str:
-    """The build ``CUSTOMOP_CPU_NATIVE`` and the CPU's features allow, or why there is none."""
-    wanted = os.environ.get("CUSTOMOP_CPU_NATIVE", "1")
+def _choose(flags: set[str], wanted: str) -> Build | str:
+    """The build ``wanted`` (``CUSTOMOP_CPU_NATIVE``) and the CPU's features allow, or why there is none."""
     candidates = [b for b in BUILDS if wanted in (b.isa, "1", "")] or list(BUILDS)
     for build in candidates:
         if all(f in flags for f in build.features):
@@ -116,12 +113,13 @@ def _choose(flags: set[str]) -> Build | str:
 
 def _plan() -> tuple[str, list[str], frozenset[str], Build] | str:
     """(compiler, flags, dtype names, build) for this machine, or why there is no kernel."""
-    if os.environ.get("CUSTOMOP_CPU_NATIVE", "1") == "0":
+    wanted = os.environ.get("CUSTOMOP_CPU_NATIVE", "1")
+    if wanted == "0":
         return "CUSTOMOP_CPU_NATIVE=0"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"{platform.system()} {platform.machine()} is not x86-64 Linux"
     flags = cpu_flags()
-    build = _choose(flags)
+    build = _choose(flags, wanted)
     if isinstance(build, str):
         return build
     cc = compiler()
@@ -155,7 +153,7 @@ def _build(cc: str, flags: list[str], sources: tuple[Path, ...], target: Path) -
 
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None where they cannot run (logged once); built on first use."""
-    global _library, dtypes, kernels, isa
+    global _library, dtypes, loaded
     if _library is not _UNSET:
         return _library  # type: ignore[return-value]
     _library = None
@@ -179,11 +177,11 @@ def library() -> ctypes.CDLL | None:
         log.warning("customop: the native CPU norm kernel could not be built or loaded (%s); the "
                     "compiled tier runs instead", e)
         return None
-    _library, dtypes, kernels, isa = lib, names, build.kernels, build.isa
+    _library, dtypes, loaded = lib, names, build
     return lib
 
 
 def reset() -> None:
     """Forgets the loaded library (tests: the next ``library()`` plans and loads again)."""
-    global _library, dtypes, kernels, isa
-    _library, dtypes, kernels, isa = _UNSET, frozenset(), frozenset(), None
+    global _library, dtypes, loaded
+    _library, dtypes, loaded = _UNSET, frozenset(), None

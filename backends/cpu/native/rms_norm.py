@@ -1,9 +1,10 @@
 """``rms_norm``, ``fused_add_rms_norm`` and their Gemma forms through the hand-written kernel
 (``rms_norm.c``): the specs' arguments in, the specs' results out (new tensors), or None for a call
 the kernel does not take, which then runs the other tiers. Taken: bf16 or fp16 x (on AVX-512 CPUs
-bf16 only where the CPU has AVX512_BF16; on AVX2 CPUs both, from ``rms_norm_avx2.c``) with a weight of x's dtype or fp32, no variance subset, plain CPU tensors
-whose rows have unit stride (contiguous, or 2-D with any row stride), autograd not recording,
-nothing intercepting torch calls (modes, transforms, tracing, autocast)."""
+bf16 only where the CPU has AVX512_BF16; on AVX2 CPUs both, from ``rms_norm_avx2.c``) with a weight
+of x's dtype or fp32, no variance subset, plain CPU tensors whose rows have unit stride
+(contiguous, or 2-D with any row stride), autograd not recording, nothing intercepting torch calls
+(modes, transforms, tracing, autocast)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def entries() -> dict[torch.dtype, Any]:
         lib = loader.library()
         found = {}
         for dtype, name in _NAMES.items():
-            if lib is not None and "rms_norm" in loader.kernels and name in loader.dtypes:
+            if lib is not None and "rms_norm" in loader.loaded.kernels and name in loader.dtypes:
                 fn = getattr(lib, f"customop_rms_norm_{name}")
                 fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
                 found[dtype] = fn

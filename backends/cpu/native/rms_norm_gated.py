@@ -58,7 +58,7 @@ def entries() -> dict[torch.dtype, Any]:
     global _entries, _exp16
     if _entries is None:
         lib = loader.library()
-        exp16 = torch_exp16() if lib is not None and "rms_norm_gated" in loader.kernels else None
+        exp16 = torch_exp16() if lib is not None and "rms_norm_gated" in loader.loaded.kernels else None
         found = {}
         for dtype, name in _NAMES.items():
             if exp16 is not None and (name not in _FEATURE_GATED or name in loader.dtypes):
