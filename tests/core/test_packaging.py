@@ -74,6 +74,16 @@ def test_wheel_has_every_module_of_the_sources(wheel_files):
         assert not missing, f"not in the wheel (a folder without __init__.py?): {missing}"
 
 
+def test_wheel_has_the_native_kernels_sources_and_headers(wheel_files):
+    """The hand-written CPU kernels are compiled from their C files on first use (package-data, not
+    modules: the check above does not see them); a missing header fails every build there."""
+    from customop.backends.cpu.native import loader
+
+    files = {p.name for build in loader.BUILDS for p in (*build.sources, *build.headers)}
+    missing = sorted(f for f in files if f"customop/backends/cpu/native/{f}" not in wheel_files)
+    assert not missing, f"not in the wheel (pyproject.toml's package-data?): {missing}"
+
+
 def test_console_script_is_declared(wheel_files):
     assert any(f.endswith(".dist-info/entry_points.txt") for f in wheel_files)
 
