@@ -128,6 +128,9 @@ GEMMA_RMS_NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, standalone=True, native_
 #: Where the kernel cannot run, the compiled tier calls Inductor's code without Dynamo
 #: (``standalone``: 0.95-1.2x, the same code as torch.compile's less Dynamo's call path).
 RMS_NORM_GATED_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, standalone=True, native_from=1)
+#: FusedRMSNormGated (the KDA output norm): the same kernel over whole rows for the form without a
+#: residual, at every size; the residual form (no kernel) tiers as the other norms.
+FUSED_RMS_NORM_GATED_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, native_from=1)
 
 
 def _autograd_records(*tensors: torch.Tensor | None) -> bool:
@@ -522,7 +525,7 @@ class FusedRMSNormGated(CustomOp):
     native path here (vLLM's native method calls its Triton kernel for them).
     """
 
-    cpu_tiers = NORM_CPU_TIERS
+    cpu_tiers = FUSED_RMS_NORM_GATED_CPU_TIERS
 
     def __init__(self, hidden_size: int, elementwise_affine: bool = True, eps: float = 1e-5,
                  activation: str = "swish", device: torch.device | str | None = None,

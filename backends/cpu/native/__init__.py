@@ -2,7 +2,8 @@
 op needs (issue 18): RMSNorm's exact bf16/fp16 roundings, with vcvtne2ps2bf16 / vcvtps2ph (the
 same kernel serves Gemma's RMSNorm, whose one rounding at the end is the same conversion); and
 Mamba-2's grouped gated RMSNorm (``rms_norm_gated``), whose Inductor code keeps an fp32 buffer of
-the whole input between three passes: the kernel makes one pass per row.
+the whole input between three passes: the kernel makes one pass per row (and serves the KDA output
+norm, ``fused_rms_norm_gated``, the same math over whole rows).
 
 ``kernel_for(spec)`` gives the kernel standing in for a spec function (None: the spec has none);
 ``CpuTiers.native_from`` says from which size an op's ``run_tiered`` tries it. A kernel returns
@@ -26,9 +27,11 @@ _KERNELS: dict[Callable[..., Any], Callable[..., Any]] = {
     _spec.gemma_rms_norm: _rms_norm.gemma_rms_norm,
     _spec.gemma_fused_add_rms_norm: _rms_norm.gemma_fused_add_rms_norm,
     _spec.rms_norm_gated: _rms_norm_gated.rms_norm_gated,
+    _spec.fused_rms_norm_gated: _rms_norm_gated.fused_rms_norm_gated,
 }
 #: each kernel's module, whose ``entries()`` builds and loads it
-_LOADERS = {**dict.fromkeys(_KERNELS, _rms_norm), _spec.rms_norm_gated: _rms_norm_gated}
+_LOADERS = {**dict.fromkeys(_KERNELS, _rms_norm), _spec.rms_norm_gated: _rms_norm_gated,
+            _spec.fused_rms_norm_gated: _rms_norm_gated}
 
 
 def kernel_for(spec: Callable[..., Any]) -> Callable[..., Any] | None:

@@ -7,9 +7,9 @@ process. The cache: ``$CUSTOMOP_CACHE_DIR`` or ``$XDG_CACHE_HOME/customop`` (``~
 sub-folder ``native``; a file's name carries a hash of the sources, compiler and flags, so an edited
 source or another CPU's flags never meet a stale build.
 
-Two builds, by the CPU's instruction set: on AVX-512 CPUs the RMSNorm and gated-RMSNorm kernels
-(``rms_norm.c``, ``rms_norm_gated.c``), on CPUs with AVX2 and F16C but no AVX-512 the RMSNorm kernel
-alone (``rms_norm_avx2.c``, the same entry points). ``CUSTOMOP_CPU_NATIVE``: ``0`` no kernel,
+Two builds, by the CPU's instruction set, each with the RMSNorm and gated-RMSNorm kernels and the
+same entry points: on AVX-512 CPUs ``rms_norm.c`` and ``rms_norm_gated.c``, on CPUs with AVX2 and
+F16C but no AVX-512 ``rms_norm_avx2.c`` and ``rms_norm_gated_avx2.c``. ``CUSTOMOP_CPU_NATIVE``: ``0`` no kernel,
 ``avx2`` / ``avx512`` that build only (the AVX2 one also runs on AVX-512 CPUs: tests and
 comparisons), anything else the best build the CPU has.
 
@@ -38,25 +38,26 @@ _HERE = Path(__file__).parent
 
 @dataclasses.dataclass(frozen=True)
 class Build:
-    """One library: its C sources and the headers they include (both in the cache key), the CPU
-    features it needs (``/proc/cpuinfo`` flag -> compiler flag), the kernels it holds."""
+    """One library: its C sources and the headers they include (both in the cache key), and the CPU
+    features it needs (``/proc/cpuinfo`` flag -> compiler flag)."""
 
     isa: str
     sources: tuple[Path, ...]
     headers: tuple[Path, ...]
     features: dict[str, str]
-    kernels: frozenset[str]
 
 
+#: what both builds include
+_SHARED_HEADERS = (_HERE / "native_common.h", _HERE / "rms_norm_rows.h", _HERE / "rms_norm_gated_rows.h")
 #: AVX-512 subsets every kernel uses (masked 16-bit loads and stores, fpclass); F16C's conversions
 #: come with AVX512F in their 512-bit form
 AVX512 = Build("avx512", (_HERE / "rms_norm.c", _HERE / "rms_norm_gated.c"),
-               (_HERE / "avx512_common.h", _HERE / "native_common.h", _HERE / "rms_norm_rows.h"),
+               (_HERE / "avx512_common.h", *_SHARED_HEADERS),
                {"avx512f": "-mavx512f", "avx512bw": "-mavx512bw", "avx512vl": "-mavx512vl",
-                "avx512dq": "-mavx512dq"}, frozenset({"rms_norm", "rms_norm_gated"}))
+                "avx512dq": "-mavx512dq"})
 #: 8-lane loads and integer bf16 rounding; F16C for fp16's conversions
-AVX2 = Build("avx2", (_HERE / "rms_norm_avx2.c",), (_HERE / "native_common.h", _HERE / "rms_norm_rows.h"),
-             {"avx2": "-mavx2", "f16c": "-mf16c"}, frozenset({"rms_norm"}))
+AVX2 = Build("avx2", (_HERE / "rms_norm_avx2.c", _HERE / "rms_norm_gated_avx2.c"),
+             (_HERE / "avx2_common.h", *_SHARED_HEADERS), {"avx2": "-mavx2", "f16c": "-mf16c"})
 #: the builds in order of preference
 BUILDS = (AVX512, AVX2)
 #: the hardware fp32 -> bf16 rounding; without it the AVX-512 build has no bf16 entry point
@@ -70,7 +71,7 @@ _UNSET = object()
 _library: object = _UNSET
 #: dtype names ("bf16", "fp16") the loaded library has entry points for
 dtypes: frozenset[str] = frozenset()
-#: the loaded library's build (its isa and kernels), or None
+#: the loaded library's build, or None
 loaded: Build | None = None
 #: builds run by this process (tests count them)
 builds = 0

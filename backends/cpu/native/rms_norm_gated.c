@@ -27,10 +27,15 @@
 #include "avx512_common.h"
 
 /* exp of 16 fp32 lanes (torch's Sleef_expf16_u10) */
-typedef __m512 (*exp16_fn)(__m512);
-
-/* where the gate applies: none (no z), to x before the norm, or to the output after the weight */
-enum { NO_GATE = 0, GATE_BEFORE_NORM = 1, GATE_AFTER_NORM = 2 };
+typedef __m512 (*exp_fn)(__m512);
+#define SCRATCH_FLOATS(group) (group)
+/* the bf16 entry exists only where the build enabled AVX512_BF16 (store16's conversion) */
+#ifdef __AVX512BF16__
+#define BF16_ENTRY 1
+#else
+#define BF16_ENTRY 0
+#endif
+#include "rms_norm_gated_rows.h"
 
 /* 16 lanes of x's dtype (those in `m`; the others 0) widened to fp32 */
 INLINE __m512 load_any(const void *p, int64_t i, __mmask16 m, int dt) {
@@ -39,11 +44,12 @@ INLINE __m512 load_any(const void *p, int64_t i, __mmask16 m, int dt) {
     return load16((const uint16_t *)p + i, m, dt);
 }
 
-/* act(z) as ATen's vectorised kernels compute it: silu z / (1 + exp(-z)), sigmoid 1 / (1 + exp(-z)) */
-INLINE __m512 activation(__m512 z, int sigmoid, exp16_fn exp16) {
+/* the gate's factor as ATen's vectorised kernels compute it: silu z / (1 + exp(-z)), else (sigmoid,
+ * and the swish product's second factor) 1 / (1 + exp(-z)) */
+INLINE __m512 activation(__m512 z, int act, exp_fn vexp) {
     __m512 minus_z = _mm512_xor_ps(z, _mm512_set1_ps(-0.0f));
-    __m512 denominator = _mm512_add_ps(exp16(minus_z), _mm512_set1_ps(1.0f));
-    return _mm512_div_ps(sigmoid ? _mm512_set1_ps(1.0f) : z, denominator);
+    __m512 denominator = _mm512_add_ps(vexp(minus_z), _mm512_set1_ps(1.0f));
+    return _mm512_div_ps(act == SILU ? z : _mm512_set1_ps(1.0f), denominator);
 }
 
 /* 16 lanes of y rounded to the dtype and stored (those in `m`); bf16 adds the lanes the hardware
@@ -69,26 +75,31 @@ INLINE void store16(int dt, __m512 y, void *out, int64_t i, __mmask16 m, __mmask
     _mm256_mask_storeu_epi16((uint16_t *)out + i, m, packed);
 }
 
-/* The output lanes [i, i + 16) of a group: g * inv * w, times the gate where it comes last. The
- * scratch holds g (gate before the norm) or the gate (after it; g is x, read again). */
-INLINE __m512 group_output(int dt, int mode, const void *x, const float *scratch, const float *wf, int64_t start,
-                           int64_t i, __mmask16 m, __m512 inv) {
+/* The output lanes [i, i + 16) of a group: g * inv * w, times the gate where it comes last (the
+ * swish product: times z, then the sigmoid). The scratch holds g (gate before the norm) or the
+ * gate's factor (after it; g is x, read again, as z is for the product). */
+INLINE __m512 group_output(int dt, int mode, int act, const void *x, const void *z, const float *scratch,
+                           const float *wf, int64_t start, int64_t i, __mmask16 m, __m512 inv) {
     __m512 g = mode == GATE_BEFORE_NORM ? _mm512_maskz_loadu_ps(m, scratch + i) : load_any(x, start + i, m, dt);
     __m512 y = _mm512_mul_ps(_mm512_mul_ps(g, inv), _mm512_maskz_loadu_ps(m, wf + start + i));
-    return mode == GATE_AFTER_NORM ? _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, scratch + i)) : y;
+    if (mode != GATE_AFTER_NORM)
+        return y;
+    if (act == SWISH_PRODUCT)
+        y = _mm512_mul_ps(y, load_any(z, start + i, m, dt));
+    return _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, scratch + i));
 }
 
 /* One group of `size` lanes from lane `start` of a row; scratch: `size` floats. */
-INLINE void gated_group(int dt, int mode, int sigmoid, exp16_fn exp16, const void *x, const void *z, const float *wf,
+INLINE void gated_group(int dt, int mode, int act, exp_fn vexp, const void *x, const void *z, const float *wf,
                         void *out, float *scratch, int64_t start, int64_t size, float eps) {
     /* pass 1: g = x [* act(z)], its squares summed (rounded before the sum: no FMA), and the
-     * scratch: g, or the gate where it comes after the norm */
+     * scratch: g, or the gate's factor where it comes after the norm */
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < size; i += 16) {
         __mmask16 m = lanes(size - i);
         __m512 g = load_any(x, start + i, m, dt);
         if (mode != NO_GATE) {
-            __m512 a = activation(load_any(z, start + i, m, dt), sigmoid, exp16);
+            __m512 a = activation(load_any(z, start + i, m, dt), act, vexp);
             if (mode == GATE_BEFORE_NORM)
                 g = _mm512_mul_ps(g, a);
             _mm512_mask_storeu_ps(scratch + i, m, mode == GATE_BEFORE_NORM ? g : a);
@@ -102,73 +113,28 @@ INLINE void gated_group(int dt, int mode, int sigmoid, exp16_fn exp16, const voi
     __mmask16 suspect = 0;
     for (int64_t i = 0; i < size; i += 16) {
         __mmask16 m = lanes(size - i);
-        store16(dt, group_output(dt, mode, x, scratch, wf, start, i, m, inv), out, start + i, m, &suspect);
+        store16(dt, group_output(dt, mode, act, x, z, scratch, wf, start, i, m, inv), out, start + i, m, &suspect);
     }
     for (int64_t i = 0; suspect && i < size; i += 16) {
         __mmask16 m = lanes(size - i);
-        __m256i exact = pack16_exact(group_output(dt, mode, x, scratch, wf, start, i, m, inv), dt);
+        __m256i exact = pack16_exact(group_output(dt, mode, act, x, z, scratch, wf, start, i, m, inv), dt);
         _mm256_mask_storeu_epi16((uint16_t *)out + start + i, m, exact);
     }
 }
 
-/* One row of n lanes in groups of `group`; scratch: `group` floats. */
-INLINE void gated_row(int dt, int mode, int sigmoid, exp16_fn exp16, const void *x, const void *z, const float *wf,
-                      void *out, float *scratch, int64_t n, int64_t group, float eps) {
+INLINE void gated_row(int dt, int mode, int act, exp_fn vexp, const void *x, const void *z, const float *wf, void *out,
+                      float *scratch, int64_t n, int64_t group, float eps) {
     for (int64_t start = 0; start < n; start += group)
-        gated_group(dt, mode, sigmoid, exp16, x, z, wf, out, scratch, start, group, eps);
+        gated_group(dt, mode, act, vexp, x, z, wf, out, scratch, start, group, eps);
 }
 
-/* The byte size of one element of x's dtype */
-INLINE int64_t element_size(int dt) { return dt == FP32 ? 4 : 2; }
-
-/* rows of n lanes; x_stride / z_stride: elements between rows of x / z (z NULL: no gate). w: n
- * weights of x's dtype, or fp32 (w32). out: contiguous [rows, n]. Returns 0, or -1 when out of
- * memory (the output then incomplete: the caller runs another path). */
-INLINE int run(int dt, const void *x, int64_t x_stride, const void *z, int64_t z_stride, const void *w, int w32,
-               void *out, int64_t rows, int64_t n, int64_t group, float eps, int norm_before_gate, int sigmoid,
-               exp16_fn exp16, int threads) {
-    float *wf = malloc(n * sizeof(float)); /* the weight widened once a call, not once a row */
+INLINE float *gated_weight(int dt, const void *w, int w32, int64_t n) {
+    float *wf = malloc(n * sizeof(float));
     if (!wf)
-        return -1;
+        return 0;
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = lanes(n - i);
-        _mm512_mask_storeu_ps(wf + i, m, load_any(w, i, m, w32 ? FP32 : dt));
+        _mm512_mask_storeu_ps(wf + i, m, w ? load_any(w, i, m, w32 ? FP32 : dt) : _mm512_set1_ps(1.0f));
     }
-    int mode = !z ? NO_GATE : norm_before_gate ? GATE_AFTER_NORM : GATE_BEFORE_NORM;
-    int64_t size = element_size(dt);
-    /* a thread per 16K elements at most: the exp makes a row ~3x RMSNorm's work, so a second
-     * thread pays from about half RMSNorm's 32K */
-    threads = threads_for(threads, rows, rows * n, 16384);
-    int failed = 0;
-#pragma omp parallel num_threads(threads > 1 ? threads : 1) if (threads > 1) reduction(| : failed)
-    {
-        float *scratch = malloc(group * sizeof(float)); /* per thread: one group, in L1 */
-        if (!scratch)
-            failed = 1;
-#pragma omp for schedule(static)
-        for (int64_t j = 0; j < rows; j++)
-            if (scratch)
-                gated_row(dt, mode, sigmoid, exp16, (const char *)x + j * x_stride * size,
-                          z ? (const char *)z + j * z_stride * size : 0, wf, (char *)out + j * n * size, scratch, n,
-                          group, eps);
-        free(scratch);
-    }
-    free(wf);
-    return failed ? -1 : 0;
+    return wf;
 }
-
-/* The entry points (ctypes), one per dtype; the bf16 one exists only where the build enabled
- * AVX512_BF16. The row loop is compiled per dtype. */
-#define ENTRY(name, dt)                                                                                       \
-    int name(const void *x, int64_t x_stride, const void *z, int64_t z_stride, const void *w, int w32, void *out, \
-             int64_t rows, int64_t n, int64_t group, float eps, int norm_before_gate, int sigmoid, exp16_fn exp16, \
-             int threads) {                                                                                  \
-        return run(dt, x, x_stride, z, z_stride, w, w32, out, rows, n, group, eps, norm_before_gate, sigmoid,   \
-                   exp16, threads);                                                                          \
-    }
-
-#ifdef __AVX512BF16__
-ENTRY(customop_rms_norm_gated_bf16, BF16)
-#endif
-ENTRY(customop_rms_norm_gated_fp16, FP16)
-ENTRY(customop_rms_norm_gated_fp32, FP32)

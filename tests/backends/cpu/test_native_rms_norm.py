@@ -205,7 +205,7 @@ def test_tiers_wiring():
     assert RMSNorm.cpu_tiers.native_from == GemmaRMSNorm.cpu_tiers.native_from == 1
     assert native.kernel_for(spec.rms_norm) is N.rms_norm
     assert native.kernel_for(spec.gemma_fused_add_rms_norm) is N.gemma_fused_add_rms_norm
-    assert native.kernel_for(spec.fused_rms_norm_gated) is None
+    assert native.kernel_for(spec.layer_norm) is None
     assert RMSNorm.cpu_tiers.compiling_from(1).native_from == float("inf")  # tests of the compiled tier
 
 

@@ -1,11 +1,14 @@
-"""RMSNormGated's hand-written CPU kernel (backends/cpu/native/rms_norm_gated.c, issue 18): bitwise
-the spec wherever each group's fp32 sum of squares is exact in any order (groups of one or two
+"""RMSNormGated's hand-written CPU kernel (backends/cpu/native/rms_norm_gated.c and its AVX2 build
+rms_norm_gated_avx2.c, issue 18; the math tests run on every build the CPU has): bitwise the spec
+wherever each group's fp32 sum of squares is exact in any order (groups of one or two
 lanes, or the norm before the gate on inputs of small multiples of a power of two), so that the
 kernel's other summation order cannot show while its gate (torch's own exp) and every rounding
 after the variance can; within the float64 reference's tolerance and a last-bit variance
 difference elsewhere; fp32 subnormals, infinities and NaN as the spec gives them; the layouts and
 calls it takes or leaves to the other tiers (the standalone compiled tier where it declines); the
-fallback without the library or torch's exp. Outputs are poisoned (NaN) before the kernel writes."""
+fallback without the library or torch's exp. FusedRMSNormGated (the KDA output norm) through the
+same kernel: its swish as a product, no weight, bitwise and against float64 alike. Outputs are
+poisoned (NaN) before the kernel writes."""
 
 from __future__ import annotations
 
@@ -21,15 +24,28 @@ from customop.backends.cpu.native import rms_norm_gated as G
 from customop.backends.cpu.tiering import CpuTiers
 from customop.config import Config, use_config
 from customop.math import layernorm as spec
-from customop.ops.layernorm import RMSNormGated
+from customop.ops.layernorm import FusedRMSNormGated, RMSNormGated
 from customop.testing import assert_close
-from tests.cases.layernorm import ref_gated
+from tests.cases.layernorm import ref_fused_gated, ref_gated
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 #: where the gate goes: none, on x before the norm, on the output after the weight
 GATES = {"no_z": (False, False), "gate_before_norm": (True, False), "gate_after_norm": (True, True)}
 
 pytestmark = pytest.mark.skipif(not G.entries(), reason="no native kernel on this machine (CPU, compiler, torch)")
+#: the builds this CPU runs (the AVX2 one runs on AVX-512 CPUs too)
+ISAS = [b.isa for b in loader.BUILDS if all(f in loader.cpu_flags() for f in b.features)]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch):
+    """The test runs on each build this CPU has (``CUSTOMOP_CPU_NATIVE`` names it)."""
+    monkeypatch.setenv("CUSTOMOP_CPU_NATIVE", request.param)
+    G.reset()
+    G.entries()
+    assert loader.loaded.isa == request.param
+    yield request.param
+    G.reset()  # the next test loads the default build
 
 
 @pytest.fixture(autouse=True)
@@ -37,8 +53,9 @@ def poisoned(monkeypatch):
     """Every output the kernel allocates starts as NaN, and the calls that reach it are counted."""
     monkeypatch.setattr(G, "_empty", lambda shape, dtype: torch.full(shape, float("nan"), dtype=dtype))
     calls = []
-    real = G.rms_norm_gated
-    monkeypatch.setitem(native._KERNELS, spec.rms_norm_gated, lambda *a: calls.append(a[0].shape) or real(*a))
+    for fn in (spec.rms_norm_gated, spec.fused_rms_norm_gated):
+        real = native._KERNELS[fn]
+        monkeypatch.setitem(native._KERNELS, fn, lambda *a, real=real: calls.append(a[0].shape) or real(*a))
     return calls
 
 
@@ -94,7 +111,7 @@ def spec_of(op, x, z, gate):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape,group_size", [((1, 32), 1), ((7, 96), 2), ((3, 5, 64), 1), ((64, 512), 2)],
                          ids=["1x32/1", "7x96/2", "3x5x64/1", "64x512/2"])
-def test_bitwise_the_spec_in_groups_of_one_or_two(shape, group_size, dtype, gate, sigmoid, poisoned):
+def test_bitwise_the_spec_in_groups_of_one_or_two(shape, group_size, dtype, gate, sigmoid, poisoned, isa):
     """A group of one or two lanes sums exactly in any order: the gate, the normalisation, the
     weight (of x's dtype and fp32) and the rounding are the spec's bits, whatever the inputs."""
     for weight_dtype in {dtype, torch.float32}:
@@ -109,7 +126,7 @@ def test_bitwise_the_spec_in_groups_of_one_or_two(shape, group_size, dtype, gate
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape,group_size", [((1, 4096), 4096), ((16, 4096), 512), ((7, 992), 32), ((4, 96), 48)],
                          ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
-def test_bitwise_the_spec_with_the_gate_after_the_norm(shape, group_size, dtype, sigmoid, poisoned):
+def test_bitwise_the_spec_with_the_gate_after_the_norm(shape, group_size, dtype, sigmoid, poisoned, isa):
     """The gate after the norm on x whose squares sum exactly in any order: any group size gives
     the spec's bits (the gate of Gaussian z included)."""
     op = gated(dtype, shape[-1], group_size, "gate_after_norm", sigmoid, seed=3)
@@ -125,7 +142,7 @@ def test_bitwise_the_spec_with_the_gate_after_the_norm(shape, group_size, dtype,
 @pytest.mark.parametrize("shape,group_size", [((1, 1), 1), ((7, 7), 7), ((1, 4231), 4231), ((7, 4231), 4231),
                                               ((5, 4096), 512), ((4231, 7), 7), ((2, 3, 60), 12)],
                          ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
-def test_random_inputs_against_float64(shape, group_size, dtype, gate, poisoned):
+def test_random_inputs_against_float64(shape, group_size, dtype, gate, poisoned, isa):
     """Odd sizes and Gaussian inputs: the float64 reference's tolerance, and the spec's bits but
     where the variance's last bit (the summation order; ATen's scalar exp on a tail of fewer than
     32 elements) moves the one rounding: a unit of the output at most, in few lanes."""
@@ -144,7 +161,7 @@ def test_random_inputs_against_float64(shape, group_size, dtype, gate, poisoned)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_subnormals_infinities_and_nan(dtype):
+def test_subnormals_infinities_and_nan(dtype, isa):
     """Outputs in the dtype's subnormal range (fp32 subnormals before a bf16 rounding, which the
     hardware conversion would flush: stored by the integer rounding instead), a zero row with eps
     0 (NaN), an infinite input, a NaN gate."""
@@ -165,7 +182,7 @@ def test_subnormals_infinities_and_nan(dtype):
             assert ((want != 0) & (want.abs().float() < torch.finfo(dtype).tiny)).any()
 
 
-def test_layouts(poisoned):
+def test_layouts(poisoned, isa):
     """Row-strided 2-D x and z (slices of wider rows) and 3-D contiguous ones run the kernel; a
     transposed x does not (the standalone compiled tier at this size); results as the spec's."""
     dtype = torch.bfloat16
@@ -212,7 +229,7 @@ def test_bad_input_keeps_its_errors():
         op.forward_cpu(torch.randn(4, 32, dtype=torch.bfloat16))
 
 
-def test_threads_do_not_change_the_result():
+def test_threads_do_not_change_the_result(isa):
     x, z = inputs((256, 512), torch.bfloat16, seed=2)
     w = torch.randn(512, dtype=torch.bfloat16)
     threads = torch.get_num_threads()
@@ -228,6 +245,8 @@ def test_threads_do_not_change_the_result():
 def test_tiers_wiring(monkeypatch):
     monkeypatch.undo()  # the counting stand-in of ``poisoned``
     assert native.kernel_for(spec.rms_norm_gated) is G.rms_norm_gated
+    assert native.kernel_for(spec.fused_rms_norm_gated) is G.fused_rms_norm_gated
+    assert FusedRMSNormGated.cpu_tiers.native_from == 1
     tiers = RMSNormGated.cpu_tiers
     assert tiers.native_from == 1 and tiers.standalone
     assert tiers.compiling_from(1).native_from == float("inf")  # tests of the compiled tier
@@ -259,7 +278,7 @@ def test_built_with_the_rms_norm_kernel_into_one_library(fresh_library):
 def test_without_torchs_exp_no_kernel(monkeypatch, caplog, fresh_library):
     """No Sleef exp to call (another torch build): logged once, no entry points, and forward_cpu
     runs the other tiers."""
-    monkeypatch.setattr(G, "_EXP_SYMBOL", "no_such_symbol")
+    monkeypatch.setattr(G, "_EXP_SYMBOLS", dict.fromkeys(G._EXP_SYMBOLS, "no_such_symbol"))
     with caplog.at_level(logging.INFO, logger=G.__name__):
         assert G.entries() == {}
     (message,) = [r.getMessage() for r in caplog.records if r.name == G.__name__]
@@ -282,3 +301,79 @@ def test_switched_off(monkeypatch, fresh_library):
 def test_compiling_from_keeps_the_compiled_tier_testable():
     tiers: CpuTiers = RMSNormGated.cpu_tiers.compiling_from(1)
     assert tiers.native_from == float("inf") and tiers.standalone
+
+
+# ---- FusedRMSNormGated (the KDA output norm): the same kernel over whole rows ----------------------
+
+
+def fused(dtype, hidden, sigmoid, weight_dtype=None, affine=True, seed=0):
+    """An enabled FusedRMSNormGated with a random weight (of ``weight_dtype``, default x's), or none."""
+    with use_config(Config(custom_ops=["all"])):
+        op = FusedRMSNormGated(hidden, elementwise_affine=affine, activation="sigmoid" if sigmoid else "swish",
+                               dtype=weight_dtype or dtype)
+    op.requires_grad_(False)
+    if affine:
+        op.weight.copy_(torch.randn(hidden, generator=torch.Generator().manual_seed(seed)) * 0.3 + 1)
+    return op
+
+
+def weight_forms(dtype):
+    """(weight dtype, elementwise_affine): x's dtype, fp32, none"""
+    return [(dtype, True), (torch.float32, True), (None, False)]
+
+
+@pytest.mark.parametrize("sigmoid", [False, True], ids=["swish", "sigmoid"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 32), (7, 96), (3, 5, 64), (16, 4096)], ids=lambda s: "x".join(map(str, s)))
+def test_fused_bitwise_the_spec(shape, dtype, sigmoid, poisoned, isa):
+    """x whose squares sum exactly in any order, Gaussian g: the swish as the spec's two products
+    (y * g, then the sigmoid), the sigmoid, each weight form and the rounding are the spec's bits."""
+    for weight_dtype, affine in weight_forms(dtype):
+        op = fused(dtype, shape[-1], sigmoid, weight_dtype, affine, seed=shape[0])
+        x, g = inputs(shape, dtype, seed=shape[-1], exact=True)
+        with torch.no_grad():
+            assert equal(op.forward_cpu(x, g), op.forward_native(x, g))
+    assert len(poisoned) == 3
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 7), (1, 4231), (7, 4231), (4231, 7), (2, 3, 60)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_fused_random_inputs_against_float64(shape, dtype, poisoned, isa):
+    """Odd sizes, Gaussian x and g: the float64 reference's tolerance, and the spec's bits but where
+    the variance's last bit moves the one rounding (fp32 shows it in a few units)."""
+    for sigmoid in (False, True):
+        op = fused(dtype, shape[-1], sigmoid, seed=shape[0])
+        x, g = inputs(shape, dtype, seed=11)
+        with torch.no_grad():
+            got, want = op.forward_cpu(x, g), op.forward_native(x, g)
+        assert_close(got, ref_fused_gated(x, g, op.weight, op.eps, sigmoid)[0], dtype)
+        bits = torch.int32 if dtype == torch.float32 else torch.int16
+        ulps = (got.view(bits).long() - want.view(bits).long()).abs()
+        assert ulps.max() <= (8 if dtype == torch.float32 else 1)
+        if dtype != torch.float32:
+            assert (ulps != 0).float().mean() < 0.02
+    assert len(poisoned) == 2
+
+
+def test_fused_layouts_and_the_forms_it_leaves(poisoned, isa):
+    """A row-strided g (a slice of wider rows) runs the kernel; the residual form, a transposed x
+    and autograd recording do not (the other tiers), each as the spec."""
+    dtype = torch.bfloat16
+    op = fused(dtype, 64, sigmoid=False)
+    x, wide_g = inputs((9, 200), dtype, seed=4)
+    x, g = x[:, :64].contiguous(), wide_g[:, 100:164]
+    with torch.no_grad():
+        assert equal(op.forward_cpu(x, g), op.forward_native(x, g))
+        assert len(poisoned) == 1
+        r = torch.randn(9, 64).to(dtype)
+        for got, want in zip(op.forward_cpu(x, g, r, prenorm=True), op.forward_native(x, g, r, prenorm=True)):
+            assert_close(got, want, dtype)
+        xt = inputs((64, 9), dtype, seed=7)[0].t()
+        assert_close(op.forward_cpu(xt, g.contiguous()), op.forward_native(xt, g), dtype)
+    assert len(poisoned) == 2  # the transposed x asked and was declined; the residual form never asks
+    op.requires_grad_(True)
+    y = op.forward_cpu(x, g)
+    assert y.requires_grad
+    assert_close(y, ref_fused_gated(x, g, op.weight.detach(), op.eps, False)[0], dtype)
+    assert G.fused_rms_norm_gated(x, g.float(), op.weight, op.eps, False) is None  # g of another dtype
