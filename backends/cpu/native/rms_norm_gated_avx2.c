@@ -79,34 +79,41 @@ INLINE void exps(int dt, exp_fn vexp, const void *z, float *scratch, int64_t sta
     }
 }
 
-/* The output lanes [i, i + 8) of a group (rms_norm_gated.c's group_output, 8 lanes) */
+/* The output lanes [i, i + 8) of a group: g * inv * w, times the gate where it comes last (the
+ * swish product: times z, then the sigmoid). g: the scratch (the gate before the norm) or x; the
+ * gate's factor from e = exp(-z), computed here (z read once). */
 INLINE __m256 group_output(int dt, int mode, int act, const void *x, const void *z, const float *scratch,
-                           const float *wf, int64_t start, int64_t i, int64_t left, __m256 inv) {
+                           const float *wf, int64_t start, int64_t i, int64_t left, __m256 inv, __m256 e) {
     __m256 g = mode == GATE_BEFORE_NORM ? _mm256_loadu_ps(scratch + i) : load_lanes(x, start + i, left, dt);
     __m256 y = _mm256_mul_ps(_mm256_mul_ps(g, inv), load_lanes(wf, start + i, left, FP32));
     if (mode != GATE_AFTER_NORM)
         return y;
+    __m256 zv = load_lanes(z, start + i, left, dt);
     if (act == SWISH_PRODUCT)
-        y = _mm256_mul_ps(y, load_lanes(z, start + i, left, dt));
-    return _mm256_mul_ps(y, _mm256_loadu_ps(scratch + i));
+        y = _mm256_mul_ps(y, zv);
+    return _mm256_mul_ps(y, activation(zv, e, act));
 }
 
-/* One group of `size` lanes from lane `start` of a row; scratch: SCRATCH_FLOATS(size) floats. */
+/* the lanes of a pass 2 chunk with the gate after the norm: their exps in a scratch that stays in L1 */
+#define CHUNK 256
+
+/* One group of `size` lanes from lane `start` of a row; scratch: SCRATCH_FLOATS(size) floats.
+ * Two passes over the group, each vector register-light: the sum of squares, then the output.
+ * The gate before the norm computes g = x * act(z) in the first into the scratch; after the norm
+ * the gate is computed in the second, a chunk's exps at a time, so z is read once and x twice
+ * (as Inductor's code reads them). */
 INLINE void gated_group(int dt, int mode, int act, exp_fn vexp, const void *x, const void *z, const float *wf,
                         void *out, float *scratch, int64_t start, int64_t size, float eps) {
-    /* pass 1: g = x [* act(z)], its squares summed (rounded before the sum: no FMA), and the
-     * scratch: g, or the gate's factor where it comes after the norm (padding lanes: x and z 0).
-     * Four partial sums: the adds are not one chain. */
+    /* pass 1: g = x [* act(z)] (kept in the scratch), its squares summed (rounded before the sum:
+     * no FMA) in four partial sums, so that the adds are not one chain; padding lanes: x, z 0 */
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    if (mode != NO_GATE)
+    if (mode == GATE_BEFORE_NORM)
         exps(dt, vexp, z, scratch, start, size);
     for (int64_t i = 0; i < size; i += 8) {
         __m256 g = load_lanes(x, start + i, size - i, dt);
-        if (mode != NO_GATE) {
-            __m256 a = activation(load_lanes(z, start + i, size - i, dt), _mm256_loadu_ps(scratch + i), act);
-            if (mode == GATE_BEFORE_NORM)
-                g = _mm256_mul_ps(g, a);
-            _mm256_storeu_ps(scratch + i, mode == GATE_BEFORE_NORM ? g : a);
+        if (mode == GATE_BEFORE_NORM) {
+            g = _mm256_mul_ps(g, activation(load_lanes(z, start + i, size - i, dt), _mm256_loadu_ps(scratch + i), act));
+            _mm256_storeu_ps(scratch + i, g);
         }
         acc[(i >> 3) & 3] = _mm256_add_ps(acc[(i >> 3) & 3], _mm256_mul_ps(g, g));
     }
@@ -114,9 +121,17 @@ INLINE void gated_group(int dt, int mode, int act, exp_fn vexp, const void *x, c
     __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
     __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(sum) / (float)size + eps));
     /* pass 2: the output, rounded once */
-    for (int64_t i = 0; i < size; i += 8)
-        store_lanes(dt, group_output(dt, mode, act, x, z, scratch, wf, start, i, size - i, inv), out, start + i,
-                    size - i);
+    for (int64_t c = 0; c < size; c += CHUNK) {
+        int64_t chunk = size - c < CHUNK ? size - c : CHUNK;
+        if (mode == GATE_AFTER_NORM)
+            exps(dt, vexp, z, scratch, start + c, chunk);
+        for (int64_t i = 0; i < chunk; i += 8) {
+            __m256 e = mode == GATE_AFTER_NORM ? _mm256_loadu_ps(scratch + i) : _mm256_setzero_ps();
+            const float *g = mode == GATE_BEFORE_NORM ? scratch + c : scratch;
+            store_lanes(dt, group_output(dt, mode, act, x, z, g, wf, start + c, i, chunk - i, inv, e), out,
+                        start + c + i, chunk - i);
+        }
+    }
 }
 
 /* the row's groups with the gate's place and form compiled in: 16 vector registers leave no room
