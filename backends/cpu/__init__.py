@@ -5,6 +5,6 @@ Torch only; imports no op class (the ops import this package, never the reverse)
 """
 
 from customop.backends.cpu.compile_cache import EMULATE_CASTS, compiled
-from customop.backends.cpu.tiering import CpuTiers, run_tiered
+from customop.backends.cpu.tiering import CpuTiers, for_this_cpu, run_tiered
 
-__all__ = ["EMULATE_CASTS", "CpuTiers", "compiled", "run_tiered"]
+__all__ = ["EMULATE_CASTS", "CpuTiers", "compiled", "for_this_cpu", "run_tiered"]

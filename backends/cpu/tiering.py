@@ -151,6 +151,14 @@ ONE_THREAD = {"cpp.threads": 1}
 _WARMING_UP: contextvars.ContextVar[bool] = contextvars.ContextVar("customop_cpu_warming_up", default=False)
 
 
+def for_this_cpu(default: CpuTiers, **by_capability: CpuTiers) -> CpuTiers:
+    """``by_capability[capability]`` for ATen's CPU capability on this machine
+    (``torch.backends.cpu.get_cpu_capability()``: ``"AVX512"``, ``"AVX2"``, ...: the instruction set
+    ATen's kernels and Inductor's code are built for here), else ``default``. For the ops whose
+    eager and compiled tiers trade places between CPUs, each set measured on its CPU."""
+    return by_capability.get(torch.backends.cpu.get_cpu_capability(), default)
+
+
 @contextlib.contextmanager
 def warming_up() -> Iterator[None]:
     """Within the block, ``run_tiered`` compiles every call that a larger input of the same shape

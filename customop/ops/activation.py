@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from customop.backends.cpu import CpuTiers, eager, run_tiered
+from customop.backends.cpu import CpuTiers, eager, for_this_cpu, run_tiered
 from customop.backends.cpu.tiering import is_warming_up
 from customop.custom_op import CustomOp
 from customop.math.activation import (  # noqa: F401  (the spec, re-exported here)
@@ -484,6 +484,10 @@ class SiluAndMulWithClamp(_Activation):
         return (self.swiglu_limit, self.alpha, self.beta)
 
 
+#: SituAndMul's tiers on AVX-512 CPUs: compiled from 1M elements and up to 64K (the class says why)
+SITU_BAND_CPU_TIERS = CpuTiers(1 << 20, standalone=True, compiled_up_to=1 << 16)
+
+
 @CustomOp.register("situ_and_mul")
 class SituAndMul(_Activation):
     """Kimi's SiTU GLU (vLLM 0.33): ``beta * tanh(a / beta) * sigmoid(a)`` times ``b``, or times
@@ -495,13 +499,16 @@ class SituAndMul(_Activation):
     math_fn = staticmethod(situ_and_mul)
     gated = True
     compile_native_default = True
-    #: compiled and eager tie at 64x8192 (Inductor's fp32 tanh is no cheaper than ATen's) and
-    #: compiled wins from 128x8192 (1.4x in fp32), one thread (benchmarks/results/cpu_activation.md).
-    #: Below 64K input elements the compiled code (called without Dynamo) wins again: 1-4 rows of
-    #: 2 x 8192, 2 threads, 2026-12-02, bf16 / fp32 x torch.compile: eager tier 0.67-0.97x,
-    #: compiled 1.18-1.95x; from 128K elements (8 x 2 x 8192, 4 x 2 x 14336) eager was faster
-    #: (BENCHMARKS.md, "issue 18, CPU, sixth day")
-    cpu_tiers = CpuTiers(1 << 20, standalone=True, compiled_up_to=1 << 16)
+    #: AVX-512 (Intel Xeon): compiled and eager tie at 64x8192 (Inductor's fp32 tanh is no cheaper
+    #: than ATen's) and compiled wins from 128x8192 (1.4x in fp32), one thread
+    #: (benchmarks/results/cpu_activation.md). Below 64K input elements the compiled code (called
+    #: without Dynamo) wins again: 1-4 rows of 2 x 8192, 2 threads, 2026-12-02, bf16 / fp32 x
+    #: torch.compile: eager tier 0.67-0.97x, compiled 1.18-1.95x; from 128K elements (8 x 2 x 8192,
+    #: 4 x 2 x 14336) eager was faster (BENCHMARKS.md, "issue 18, CPU, sixth day").
+    #: AVX2 (AMD EPYC): the compiled code wins at every size, 1.01-1.40x torch.compile at 1-512 x
+    #: 2 x 8192 and 256 x 2 x 28672 where the eager tier ran at 0.68-0.74x (2 threads, best of 7;
+    #: BENCHMARKS.md, "issue 18, CPU, twelfth day").
+    cpu_tiers = for_this_cpu(SITU_BAND_CPU_TIERS, AVX2=CpuTiers(1, standalone=True))
     repr_fields = ("beta", "linear_beta")
 
     def __init__(self, beta: float = 1.0, linear_beta: float | None = None, **kwargs: Any) -> None:
@@ -535,7 +542,11 @@ class GELUTanh(_Activation):
     CPUs."""
 
     math_fn = staticmethod(gelu_tanh)
-    cpu_tiers = CpuTiers(NEVER_COMPILE)
+    #: ATen's fused tanh-GELU kernel; on AVX2 CPUs (AMD EPYC) the compiled code (without Dynamo)
+    #: ties it at 64 x 8192 and is 1.4-6% faster from 128 x 8192 (1M elements), where the eager
+    #: tier ran at 0.95-0.99x torch.compile (2 threads, best of 7; BENCHMARKS.md, "issue 18, CPU,
+    #: twelfth day"); below, eager is 1.1-1.9x compiled
+    cpu_tiers = for_this_cpu(CpuTiers(NEVER_COMPILE), AVX2=CpuTiers(1 << 20, standalone=True))
 
 
 @CustomOp.register("gelu_new")

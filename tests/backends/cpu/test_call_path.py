@@ -85,3 +85,18 @@ def test_rms_norm_static_key_one_graph_per_shape_class(monkeypatch):
         frames.append(dynamo_utils.counters["stats"]["unique_graphs"])
     assert frames[1] == frames[0]
     compile_cache.reset()
+
+
+def test_for_this_cpu_follows_atens_capability(monkeypatch):
+    """The tiers named for ATen's capability on this machine, else the default; SituAndMul's are
+    chosen so (the compiled tier at every size on AVX2 CPUs, where it measured faster)."""
+    from customop.ops import activation as A
+
+    band, avx2 = tiering.CpuTiers(1 << 20, compiled_up_to=1 << 16), tiering.CpuTiers(1)
+    for capability, want in (("AVX2", avx2), ("AVX512", band), ("DEFAULT", band)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert tiering.for_this_cpu(band, AVX2=avx2) is want
+    monkeypatch.undo()
+    on_avx2 = torch.backends.cpu.get_cpu_capability() == "AVX2"
+    assert (A.SituAndMul.cpu_tiers is A.SITU_BAND_CPU_TIERS) is not on_avx2
+    assert A.SituAndMul.cpu_tiers.runs_compiled((1 << 16) + 1, torch.float32) is on_avx2

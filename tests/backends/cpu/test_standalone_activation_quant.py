@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -32,11 +33,11 @@ ACT_DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 QUANT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 FP8 = torch.float8_e4m3fn
 
-#: one case per activation op with a compiled tier (gelu, gelu_tanh never compile;
-#: swigluoai_and_mul compiles a de-interleaved copy, which keeps the Dynamo path)
+#: one case per activation op with a compiled tier (gelu never compiles, gelu_tanh on AVX2 CPUs
+#: only; swigluoai_and_mul compiles a de-interleaved copy, which keeps the Dynamo path)
 ACT_CASES = ["silu_and_mul", "mul_and_silu", "gelu_and_mul[tanh]", "gelu_and_mul_sparse[0.95]", "fatrelu_and_mul",
              "swiglustep_and_mul", "silu_and_mul_with_clamp[1.702,1]", "situ_and_mul[4,25]", "gelu_new",
-             "gelu_fast", "quick_gelu", "relu2", "xielu"]
+             "gelu_fast", "quick_gelu", "relu2", "xielu", "gelu_tanh"]
 #: the dynamic modes that take the route (2-D x, no padding; scale_ub is a one-element tensor)
 QUANT_CASES = ["dynamic per-tensor", "dynamic per-token", "dynamic per-token scale_ub", "per-group 64",
                "per-group 64 ue8m0", "per-group 128", "per-group 128 column-major"]
@@ -78,6 +79,9 @@ def test_tiers_wiring():
                 A.SiluAndMulWithClamp, A.SituAndMul, A.NewGELU, A.FastGELU, A.QuickGELU, A.ReLUSquaredActivation,
                 A.XIELU, A.SwigluOAIAndMul]
     assert all(cls.cpu_tiers.standalone and cls.cpu_tiers.dynamic_hidden for cls in compiled)
+    assert A.GELUTanh.cpu_tiers.min_numel == (1 << 20 if torch.backends.cpu.get_cpu_capability() == "AVX2"
+                                              else math.inf)
+    assert A.GELUTanh.cpu_tiers.standalone or A.GELUTanh.cpu_tiers.min_numel == math.inf
     tiers = input_quant_fp8.QUANT_CPU_TIERS
     assert tiers.standalone and tiers.dynamic_hidden and not tiers.rows
     assert A.SiluAndMul.cpu_tiers.standalone_family(A.silu_and_mul).dynamic_hidden
