@@ -44,12 +44,20 @@ INLINE __m512 load_any(const void *p, int64_t i, __mmask16 m, int dt) {
     return load16((const uint16_t *)p + i, m, dt);
 }
 
-/* the gate's factor as ATen's vectorised kernels compute it: silu z / (1 + exp(-z)), else (sigmoid,
- * and the swish product's second factor) 1 / (1 + exp(-z)) */
-INLINE __m512 activation(__m512 z, int act, exp_fn vexp) {
-    __m512 minus_z = _mm512_xor_ps(z, _mm512_set1_ps(-0.0f));
-    __m512 denominator = _mm512_add_ps(vexp(minus_z), _mm512_set1_ps(1.0f));
-    return _mm512_div_ps(act == SILU ? z : _mm512_set1_ps(1.0f), denominator);
+/* the gate's factor as ATen's vectorised kernels compute it, from e = exp(-z): silu z / (1 + e),
+ * else (sigmoid, and the swish product's second factor) 1 / (1 + e) */
+INLINE __m512 activation(__m512 z, __m512 e, int act) {
+    return _mm512_div_ps(act == SILU ? z : _mm512_set1_ps(1.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
+}
+
+/* scratch[i] = exp(-z) for `size` lanes from lane `start`: a loop of its own, so that nothing is
+ * live across the calls and the divisions after it pipeline (rms_norm_gated_avx2.c measured it) */
+INLINE void exps(int dt, exp_fn vexp, const void *z, float *scratch, int64_t start, int64_t size) {
+    for (int64_t i = 0; i < size; i += 16) {
+        __mmask16 m = lanes(size - i);
+        __m512 minus_z = _mm512_xor_ps(load_any(z, start + i, m, dt), _mm512_set1_ps(-0.0f));
+        _mm512_mask_storeu_ps(scratch + i, m, vexp(minus_z));
+    }
 }
 
 /* 16 lanes of y rounded to the dtype and stored (those in `m`); bf16 adds the lanes the hardware
@@ -69,6 +77,7 @@ INLINE void store16(int dt, __m512 y, void *out, int64_t i, __mmask16 m, __mmask
         if (__builtin_expect(_mm256_testn_epi16_mask(packed, _mm256_set1_epi16(0x7fff)) != 0, 0))
             *suspect |= _mm512_fpclass_ps_mask(y, 0x20) & m; /* 0x20: subnormal */
 #else
+        (void)suspect;
         packed = pack16_exact(y, dt); /* not reached: no bf16 entry point without AVX512_BF16 */
 #endif
     }
@@ -76,56 +85,69 @@ INLINE void store16(int dt, __m512 y, void *out, int64_t i, __mmask16 m, __mmask
 }
 
 /* The output lanes [i, i + 16) of a group: g * inv * w, times the gate where it comes last (the
- * swish product: times z, then the sigmoid). The scratch holds g (gate before the norm) or the
- * gate's factor (after it; g is x, read again, as z is for the product). */
+ * swish product: times z, then the sigmoid). g: the scratch (the gate before the norm) or x; the
+ * gate's factor from e = exp(-z), computed here (z read once). */
 INLINE __m512 group_output(int dt, int mode, int act, const void *x, const void *z, const float *scratch,
-                           const float *wf, int64_t start, int64_t i, __mmask16 m, __m512 inv) {
+                           const float *wf, int64_t start, int64_t i, __mmask16 m, __m512 inv, __m512 e) {
     __m512 g = mode == GATE_BEFORE_NORM ? _mm512_maskz_loadu_ps(m, scratch + i) : load_any(x, start + i, m, dt);
     __m512 y = _mm512_mul_ps(_mm512_mul_ps(g, inv), _mm512_maskz_loadu_ps(m, wf + start + i));
     if (mode != GATE_AFTER_NORM)
         return y;
+    __m512 zv = load_any(z, start + i, m, dt);
     if (act == SWISH_PRODUCT)
-        y = _mm512_mul_ps(y, load_any(z, start + i, m, dt));
-    return _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, scratch + i));
+        y = _mm512_mul_ps(y, zv);
+    return _mm512_mul_ps(y, activation(zv, e, act));
 }
 
-/* One group of `size` lanes from lane `start` of a row; scratch: `size` floats. */
+/* The lanes [c, c + chunk) of a group's output, rounded once (the chunk's exps in the scratch
+ * where the gate comes after the norm); a chunk with a lane the hardware may have flushed is
+ * stored again by the exact rounding. */
+INLINE void output_chunk(int dt, int mode, int act, const void *x, const void *z, const float *scratch,
+                         const float *wf, void *out, int64_t start, int64_t c, int64_t chunk, __m512 inv) {
+    const float *g = mode == GATE_BEFORE_NORM ? scratch + c : scratch;
+    __mmask16 suspect = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int64_t i = 0; i < chunk; i += 16) {
+            __mmask16 m = lanes(chunk - i);
+            __m512 e = mode == GATE_AFTER_NORM ? _mm512_maskz_loadu_ps(m, scratch + i) : _mm512_setzero_ps();
+            __m512 y = group_output(dt, mode, act, x, z, g, wf, start + c, i, m, inv, e);
+            if (pass == 0)
+                store16(dt, y, out, start + c + i, m, &suspect);
+            else
+                _mm256_mask_storeu_epi16((uint16_t *)out + start + c + i, m, pack16_exact(y, dt));
+        }
+        if (!suspect)
+            return;
+    }
+}
+
+/* One group of `size` lanes from lane `start` of a row; scratch: `size` floats. Two passes, as in
+ * rms_norm_gated_avx2.c: the sum of squares (the gate before the norm: g = x * act(z) into the
+ * scratch), then the output (the gate after the norm: computed there, a chunk's exps at a time). */
 INLINE void gated_group(int dt, int mode, int act, exp_fn vexp, const void *x, const void *z, const float *wf,
                         void *out, float *scratch, int64_t start, int64_t size, float eps) {
-    /* pass 1: g = x [* act(z)], its squares summed (rounded before the sum: no FMA), and the
-     * scratch: g, or the gate's factor where it comes after the norm */
+    /* pass 1: g = x [* act(z)], its squares summed (rounded before the sum: no FMA) */
     __m512 acc = _mm512_setzero_ps();
+    if (mode == GATE_BEFORE_NORM)
+        exps(dt, vexp, z, scratch, start, size);
     for (int64_t i = 0; i < size; i += 16) {
         __mmask16 m = lanes(size - i);
         __m512 g = load_any(x, start + i, m, dt);
-        if (mode != NO_GATE) {
-            __m512 a = activation(load_any(z, start + i, m, dt), act, vexp);
-            if (mode == GATE_BEFORE_NORM)
-                g = _mm512_mul_ps(g, a);
-            _mm512_mask_storeu_ps(scratch + i, m, mode == GATE_BEFORE_NORM ? g : a);
+        if (mode == GATE_BEFORE_NORM) {
+            g = _mm512_mul_ps(g, activation(load_any(z, start + i, m, dt), _mm512_maskz_loadu_ps(m, scratch + i), act));
+            _mm512_mask_storeu_ps(scratch + i, m, g);
         }
         acc = _mm512_add_ps(acc, _mm512_mul_ps(g, g));
     }
     /* the spec: the mean divides the sum; + eps in fp32; rsqrt as 1 / sqrt */
     __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)size + eps));
-    /* pass 2: the output, rounded once; a group with a lane the hardware may have flushed is
-     * stored again by the exact rounding */
-    __mmask16 suspect = 0;
-    for (int64_t i = 0; i < size; i += 16) {
-        __mmask16 m = lanes(size - i);
-        store16(dt, group_output(dt, mode, act, x, z, scratch, wf, start, i, m, inv), out, start + i, m, &suspect);
+    /* pass 2: the output */
+    for (int64_t c = 0; c < size; c += GATE_CHUNK) {
+        int64_t chunk = size - c < GATE_CHUNK ? size - c : GATE_CHUNK;
+        if (mode == GATE_AFTER_NORM)
+            exps(dt, vexp, z, scratch, start + c, chunk);
+        output_chunk(dt, mode, act, x, z, scratch, wf, out, start, c, chunk, inv);
     }
-    for (int64_t i = 0; suspect && i < size; i += 16) {
-        __mmask16 m = lanes(size - i);
-        __m256i exact = pack16_exact(group_output(dt, mode, act, x, z, scratch, wf, start, i, m, inv), dt);
-        _mm256_mask_storeu_epi16((uint16_t *)out + start + i, m, exact);
-    }
-}
-
-INLINE void gated_row(int dt, int mode, int act, exp_fn vexp, const void *x, const void *z, const float *wf, void *out,
-                      float *scratch, int64_t n, int64_t group, float eps) {
-    for (int64_t start = 0; start < n; start += group)
-        gated_group(dt, mode, act, vexp, x, z, wf, out, scratch, start, group, eps);
 }
 
 INLINE float *gated_weight(int dt, const void *w, int w32, int64_t n) {

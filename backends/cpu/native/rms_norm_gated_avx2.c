@@ -94,9 +94,6 @@ INLINE __m256 group_output(int dt, int mode, int act, const void *x, const void 
     return _mm256_mul_ps(y, activation(zv, e, act));
 }
 
-/* the lanes of a pass 2 chunk with the gate after the norm: their exps in a scratch that stays in L1 */
-#define CHUNK 256
-
 /* One group of `size` lanes from lane `start` of a row; scratch: SCRATCH_FLOATS(size) floats.
  * Two passes over the group, each vector register-light: the sum of squares, then the output.
  * The gate before the norm computes g = x * act(z) in the first into the scratch; after the norm
@@ -121,8 +118,8 @@ INLINE void gated_group(int dt, int mode, int act, exp_fn vexp, const void *x, c
     __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
     __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(sum) / (float)size + eps));
     /* pass 2: the output, rounded once */
-    for (int64_t c = 0; c < size; c += CHUNK) {
-        int64_t chunk = size - c < CHUNK ? size - c : CHUNK;
+    for (int64_t c = 0; c < size; c += GATE_CHUNK) {
+        int64_t chunk = size - c < GATE_CHUNK ? size - c : GATE_CHUNK;
         if (mode == GATE_AFTER_NORM)
             exps(dt, vexp, z, scratch, start + c, chunk);
         for (int64_t i = 0; i < chunk; i += 8) {
@@ -132,29 +129,6 @@ INLINE void gated_group(int dt, int mode, int act, exp_fn vexp, const void *x, c
                         start + c + i, chunk - i);
         }
     }
-}
-
-/* the row's groups with the gate's place and form compiled in: 16 vector registers leave no room
- * for the loops to carry them (measured: the generic loop re-tested them and reloaded its
- * constants from the stack every vector) */
-INLINE void groups(int dt, int mode, int act, exp_fn vexp, const void *x, const void *z, const float *wf, void *out,
-                   float *scratch, int64_t n, int64_t group, float eps) {
-    for (int64_t start = 0; start < n; start += group)
-        gated_group(dt, mode, act, vexp, x, z, wf, out, scratch, start, group, eps);
-}
-
-INLINE void gated_row(int dt, int mode, int act, exp_fn vexp, const void *x, const void *z, const float *wf, void *out,
-                      float *scratch, int64_t n, int64_t group, float eps) {
-#define GROUPS(mode_, act_) groups(dt, mode_, act_, vexp, x, z, wf, out, scratch, n, group, eps)
-    if (mode == NO_GATE)
-        GROUPS(NO_GATE, SILU);
-    else if (mode == GATE_BEFORE_NORM)
-        act == SILU ? GROUPS(GATE_BEFORE_NORM, SILU) : GROUPS(GATE_BEFORE_NORM, SIGMOID);
-    else if (act == SILU)
-        GROUPS(GATE_AFTER_NORM, SILU);
-    else
-        act == SIGMOID ? GROUPS(GATE_AFTER_NORM, SIGMOID) : GROUPS(GATE_AFTER_NORM, SWISH_PRODUCT);
-#undef GROUPS
 }
 
 INLINE float *gated_weight(int dt, const void *w, int w32, int64_t n) {

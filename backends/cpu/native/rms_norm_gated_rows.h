@@ -4,7 +4,8 @@
  *   exp_fn            torch's Sleef exp of one vector (a typedef)
  *   SCRATCH_FLOATS(g) the floats of a thread's scratch for groups of g lanes
  *   BF16_ENTRY        1 where the build has a bf16 entry point
- * and, anywhere in the file, the two functions declared below (inlined into each entry point). */
+ * and, anywhere in the file, gated_weight and gated_group, declared below (inlined into each entry
+ * point). */
 
 #ifndef CUSTOMOP_RMS_NORM_GATED_ROWS_H
 #define CUSTOMOP_RMS_NORM_GATED_ROWS_H
@@ -23,12 +24,39 @@ enum { NO_GATE = 0, GATE_BEFORE_NORM = 1, GATE_AFTER_NORM = 2 };
  *                                               roundings, after the norm only) */
 enum { SILU = 0, SIGMOID = 1, SWISH_PRODUCT = 2 };
 
+/* the lanes of an output chunk when the gate comes after the norm: the chunk's exps are computed
+ * into the scratch first (in L1), then its outputs */
+#define GATE_CHUNK 256
+
 /* the weight in fp32, malloc'ed (ones where w is NULL: times 1.0 is exact); NULL when out of memory */
 INLINE float *gated_weight(int dt, const void *w, int w32, int64_t n);
 
-/* one row of n lanes in groups of `group`; scratch: SCRATCH_FLOATS(group) floats */
+/* one group of `size` lanes from lane `start` of a row; scratch: SCRATCH_FLOATS(size) floats */
+INLINE void gated_group(int dt, int mode, int act, exp_fn vexp, const void *x, const void *z, const float *wf,
+                        void *out, float *scratch, int64_t start, int64_t size, float eps);
+
+/* a row's groups with the gate's place and form compiled in, so that the loops do not carry them
+ * (measured on AVX2, whose 16 vector registers left the generic loop re-testing them and
+ * reloading its constants from the stack every vector) */
+INLINE void groups(int dt, int mode, int act, exp_fn vexp, const void *x, const void *z, const float *wf, void *out,
+                   float *scratch, int64_t n, int64_t group, float eps) {
+    for (int64_t start = 0; start < n; start += group)
+        gated_group(dt, mode, act, vexp, x, z, wf, out, scratch, start, group, eps);
+}
+
 INLINE void gated_row(int dt, int mode, int act, exp_fn vexp, const void *x, const void *z, const float *wf, void *out,
-                      float *scratch, int64_t n, int64_t group, float eps);
+                      float *scratch, int64_t n, int64_t group, float eps) {
+#define GROUPS(mode_, act_) groups(dt, mode_, act_, vexp, x, z, wf, out, scratch, n, group, eps)
+    if (mode == NO_GATE)
+        GROUPS(NO_GATE, SILU);
+    else if (mode == GATE_BEFORE_NORM)
+        act == SILU ? GROUPS(GATE_BEFORE_NORM, SILU) : GROUPS(GATE_BEFORE_NORM, SIGMOID);
+    else if (act == SILU)
+        GROUPS(GATE_AFTER_NORM, SILU);
+    else
+        act == SIGMOID ? GROUPS(GATE_AFTER_NORM, SIGMOID) : GROUPS(GATE_AFTER_NORM, SWISH_PRODUCT);
+#undef GROUPS
+}
 
 /* rows of n lanes; x_stride / z_stride: elements between rows of x / z (z NULL: no gate). w: n
  * weights of x's dtype, or fp32 (w32), or NULL (no weight). out: contiguous [rows, n]. Returns 0,
