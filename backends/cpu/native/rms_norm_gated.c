@@ -142,8 +142,9 @@ INLINE void gated_group(int dt, int mode, int act, exp_fn vexp, const void *x, c
     /* the spec: the mean divides the sum; + eps in fp32; rsqrt as 1 / sqrt */
     __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)size + eps));
     /* pass 2: the output */
-    for (int64_t c = 0; c < size; c += GATE_CHUNK) {
-        int64_t chunk = size - c < GATE_CHUNK ? size - c : GATE_CHUNK;
+    const int64_t step = mode == GATE_AFTER_NORM ? GATE_CHUNK : size; /* one chunk without exps */
+    for (int64_t c = 0; c < size; c += step) {
+        int64_t chunk = size - c < step ? size - c : step;
         if (mode == GATE_AFTER_NORM)
             exps(dt, vexp, z, scratch, start + c, chunk);
         output_chunk(dt, mode, act, x, z, scratch, wf, out, start, c, chunk, inv);

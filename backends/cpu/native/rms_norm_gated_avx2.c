@@ -118,8 +118,9 @@ INLINE void gated_group(int dt, int mode, int act, exp_fn vexp, const void *x, c
     __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
     __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(sum) / (float)size + eps));
     /* pass 2: the output, rounded once */
-    for (int64_t c = 0; c < size; c += GATE_CHUNK) {
-        int64_t chunk = size - c < GATE_CHUNK ? size - c : GATE_CHUNK;
+    const int64_t step = mode == GATE_AFTER_NORM ? GATE_CHUNK : size; /* one chunk without exps */
+    for (int64_t c = 0; c < size; c += step) {
+        int64_t chunk = size - c < step ? size - c : step;
         if (mode == GATE_AFTER_NORM)
             exps(dt, vexp, z, scratch, start + c, chunk);
         for (int64_t i = 0; i < chunk; i += 8) {
