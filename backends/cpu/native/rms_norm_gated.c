@@ -121,26 +121,42 @@ INLINE void output_chunk(int dt, int mode, int act, const void *x, const void *z
     }
 }
 
+INLINE __m512 squares(__m512 acc, __m512 g) { return _mm512_add_ps(acc, _mm512_mul_ps(g, g)); }
+
+/* g at the lanes [i, i + 16) of a group (those in `m`): x, or with the gate before the norm
+ * x * act(z) from the scratch's exps, stored over them for the output pass */
+INLINE __m512 pass1_lanes(int dt, int mode, int act, const void *x, const void *z, float *scratch, int64_t start,
+                          int64_t i, __mmask16 m) {
+    __m512 g = load_any(x, start + i, m, dt);
+    if (mode != GATE_BEFORE_NORM)
+        return g;
+    g = _mm512_mul_ps(g, activation(load_any(z, start + i, m, dt), _mm512_maskz_loadu_ps(m, scratch + i), act));
+    _mm512_mask_storeu_ps(scratch + i, m, g);
+    return g;
+}
+
 /* One group of `size` lanes from lane `start` of a row; scratch: `size` floats. Two passes, as in
  * rms_norm_gated_avx2.c: the sum of squares (the gate before the norm: g = x * act(z) into the
  * scratch), then the output (the gate after the norm: computed there, a chunk's exps at a time). */
 INLINE void gated_group(int dt, int mode, int act, exp_fn vexp, const void *x, const void *z, const float *wf,
                         void *out, float *scratch, int64_t start, int64_t size, float eps) {
-    /* pass 1: g = x [* act(z)], its squares summed (rounded before the sum: no FMA) */
-    __m512 acc = _mm512_setzero_ps();
+    /* pass 1: g = x [* act(z)], its squares summed (rounded before the sum: no FMA) in four partial
+     * sums, so that the adds are not one chain */
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     if (mode == GATE_BEFORE_NORM)
         exps(dt, vexp, z, scratch, start, size);
-    for (int64_t i = 0; i < size; i += 16) {
-        __mmask16 m = lanes(size - i);
-        __m512 g = load_any(x, start + i, m, dt);
-        if (mode == GATE_BEFORE_NORM) {
-            g = _mm512_mul_ps(g, activation(load_any(z, start + i, m, dt), _mm512_maskz_loadu_ps(m, scratch + i), act));
-            _mm512_mask_storeu_ps(scratch + i, m, g);
-        }
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(g, g));
+    int64_t i = 0;
+    for (; i + 64 <= size; i += 64) {
+        acc0 = squares(acc0, pass1_lanes(dt, mode, act, x, z, scratch, start, i, ALL));
+        acc1 = squares(acc1, pass1_lanes(dt, mode, act, x, z, scratch, start, i + 16, ALL));
+        acc2 = squares(acc2, pass1_lanes(dt, mode, act, x, z, scratch, start, i + 32, ALL));
+        acc3 = squares(acc3, pass1_lanes(dt, mode, act, x, z, scratch, start, i + 48, ALL));
     }
+    for (; i < size; i += 16)
+        acc0 = squares(acc0, pass1_lanes(dt, mode, act, x, z, scratch, start, i, lanes(size - i)));
     /* the spec: the mean divides the sum; + eps in fp32; rsqrt as 1 / sqrt */
-    __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)size + eps));
+    __m512 sum = _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3));
+    __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(sum) / (float)size + eps));
     /* pass 2: the output */
     const int64_t step = mode == GATE_AFTER_NORM ? GATE_CHUNK : size; /* one chunk without exps */
     for (int64_t c = 0; c < size; c += step) {

@@ -94,6 +94,20 @@ INLINE __m256 group_output(int dt, int mode, int act, const void *x, const void 
     return _mm256_mul_ps(y, activation(zv, e, act));
 }
 
+INLINE __m256 squares(__m256 acc, __m256 g) { return _mm256_add_ps(acc, _mm256_mul_ps(g, g)); }
+
+/* g at the lanes [i, i + min(left, 8)) of a group: x, or with the gate before the norm x * act(z)
+ * from the scratch's exps, stored over them for the output pass */
+INLINE __m256 pass1_lanes(int dt, int mode, int act, const void *x, const void *z, float *scratch, int64_t start,
+                          int64_t i, int64_t left) {
+    __m256 g = load_lanes(x, start + i, left, dt);
+    if (mode != GATE_BEFORE_NORM)
+        return g;
+    g = _mm256_mul_ps(g, activation(load_lanes(z, start + i, left, dt), _mm256_loadu_ps(scratch + i), act));
+    _mm256_storeu_ps(scratch + i, g);
+    return g;
+}
+
 /* One group of `size` lanes from lane `start` of a row; scratch: SCRATCH_FLOATS(size) floats.
  * Two passes over the group, each vector register-light: the sum of squares, then the output.
  * The gate before the norm computes g = x * act(z) in the first into the scratch; after the norm
@@ -103,19 +117,20 @@ INLINE void gated_group(int dt, int mode, int act, exp_fn vexp, const void *x, c
                         void *out, float *scratch, int64_t start, int64_t size, float eps) {
     /* pass 1: g = x [* act(z)] (kept in the scratch), its squares summed (rounded before the sum:
      * no FMA) in four partial sums, so that the adds are not one chain; padding lanes: x, z 0 */
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     if (mode == GATE_BEFORE_NORM)
         exps(dt, vexp, z, scratch, start, size);
-    for (int64_t i = 0; i < size; i += 8) {
-        __m256 g = load_lanes(x, start + i, size - i, dt);
-        if (mode == GATE_BEFORE_NORM) {
-            g = _mm256_mul_ps(g, activation(load_lanes(z, start + i, size - i, dt), _mm256_loadu_ps(scratch + i), act));
-            _mm256_storeu_ps(scratch + i, g);
-        }
-        acc[(i >> 3) & 3] = _mm256_add_ps(acc[(i >> 3) & 3], _mm256_mul_ps(g, g));
+    int64_t i = 0;
+    for (; i + 32 <= size; i += 32) {
+        acc0 = squares(acc0, pass1_lanes(dt, mode, act, x, z, scratch, start, i, 8));
+        acc1 = squares(acc1, pass1_lanes(dt, mode, act, x, z, scratch, start, i + 8, 8));
+        acc2 = squares(acc2, pass1_lanes(dt, mode, act, x, z, scratch, start, i + 16, 8));
+        acc3 = squares(acc3, pass1_lanes(dt, mode, act, x, z, scratch, start, i + 24, 8));
     }
+    for (; i < size; i += 8)
+        acc0 = squares(acc0, pass1_lanes(dt, mode, act, x, z, scratch, start, i, size - i));
     /* the spec: the mean divides the sum; + eps in fp32; rsqrt as 1 / sqrt */
-    __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    __m256 sum = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
     __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(sum) / (float)size + eps));
     /* pass 2: the output, rounded once */
     const int64_t step = mode == GATE_AFTER_NORM ? GATE_CHUNK : size; /* one chunk without exps */
