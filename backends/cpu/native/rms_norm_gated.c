@@ -1,18 +1,21 @@
 /* The grouped gated RMSNorm of Mamba-2 / gated delta-net (customop.math.layernorm.rms_norm_gated)
- * for bf16/fp16/fp32 rows on AVX-512 CPUs (issue 18).
+ * and fused_rms_norm_gated (FusedRMSNormGated: whole rows, the gate after the norm as y * z *
+ * sigmoid(z), an optional weight) for bf16/fp16/fp32 rows on AVX-512 CPUs (issue 18).
  *
  * Why a hand-written kernel: Inductor's code for the spec (torch 2.13) makes three passes over
  * memory in three OpenMP loops, with the gated product x * act(z) kept in an fp32 buffer of the
  * whole input's size between them; torch.compile(forward_native) runs the same code, so the
- * compiled tier could only tie it. Here each group of a row is read once from memory (x and z),
- * its fp32 temporary (g, or the gate) kept in a per-thread scratch of one group that stays in L1,
- * and written once; a call of less than a thread's share opens no OpenMP region.
+ * compiled tier could only tie it. Here a group of a row is read in two passes that stay in
+ * L1/L2 (the sum of squares, the output), its fp32 temporary (g, or a chunk's exps) kept in a
+ * per-thread scratch of one group, and written once; a call of less than a thread's share opens
+ * no OpenMP region. The loop shape (rms_norm_gated_rows.h and docs/cpu.md say why) is the AVX2
+ * build's.
  *
  * Per row, as the spec does it (all in fp32, one rounding at the end):
- *   a = act(z) = silu: z / (1 + exp(-z)), sigmoid: 1 / (1 + exp(-z))   (no z: no gate)
+ *   a = the gate's factor (rms_norm_gated_rows.h: silu, sigmoid, or the swish product's sigmoid)
  *   g = fp32(x) * a       (norm_before_gate false), else g = fp32(x)
  *   per group of `group` lanes: inv = 1 / sqrt(sum(g * g) / group + eps)
- *   out = round(g * inv * fp32(w) [* a]) (the gate after the weight: norm_before_gate true)
+ *   out = round(g * inv * fp32(w) [* z] [* a])   (the gate after the weight: norm_before_gate true)
  * exp is the caller's function pointer: torch's own Sleef_expf16_u10, the one ATen's vectorised
  * silu and sigmoid and Inductor's code call, so the gate is bitwise theirs. The sums run in
  * another order than ATen's or Inductor's, so a group's variance may differ from theirs in its
