@@ -23,24 +23,13 @@ from customop.config import Config, use_config
 from customop.math import layernorm as spec
 from customop.ops.layernorm import GemmaRMSNorm, RMSNorm
 from customop.testing import assert_close
+from tests.backends.cpu.native_builds import ISAS, isa_fixture
 from tests.cases.layernorm import ref_fused_add, ref_rms_norm
 
 DTYPES = [torch.bfloat16, torch.float16]
 
 pytestmark = pytest.mark.skipif(not N.entries(), reason="no native kernel on this machine (CPU or compiler)")
-#: the builds this CPU runs (the AVX2 one runs on AVX-512 CPUs too)
-ISAS = [b.isa for b in loader.BUILDS if all(f in loader.cpu_flags() for f in b.features)]
-
-
-@pytest.fixture(params=ISAS)
-def isa(request, monkeypatch):
-    """The test runs on each build this CPU has (``CUSTOMOP_CPU_NATIVE`` names it)."""
-    monkeypatch.setenv("CUSTOMOP_CPU_NATIVE", request.param)
-    N.reset()
-    N.entries()
-    assert loader.loaded.isa == request.param
-    yield request.param
-    N.reset()  # the next test loads the default build
+isa = isa_fixture(N)  # each math test runs on every build this CPU has
 
 
 @pytest.fixture(autouse=True)

@@ -26,6 +26,7 @@ from customop.config import Config, use_config
 from customop.math import layernorm as spec
 from customop.ops.layernorm import FusedRMSNormGated, RMSNormGated
 from customop.testing import assert_close
+from tests.backends.cpu.native_builds import isa_fixture
 from tests.cases.layernorm import ref_fused_gated, ref_gated
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -33,19 +34,7 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 GATES = {"no_z": (False, False), "gate_before_norm": (True, False), "gate_after_norm": (True, True)}
 
 pytestmark = pytest.mark.skipif(not G.entries(), reason="no native kernel on this machine (CPU, compiler, torch)")
-#: the builds this CPU runs (the AVX2 one runs on AVX-512 CPUs too)
-ISAS = [b.isa for b in loader.BUILDS if all(f in loader.cpu_flags() for f in b.features)]
-
-
-@pytest.fixture(params=ISAS)
-def isa(request, monkeypatch):
-    """The test runs on each build this CPU has (``CUSTOMOP_CPU_NATIVE`` names it)."""
-    monkeypatch.setenv("CUSTOMOP_CPU_NATIVE", request.param)
-    G.reset()
-    G.entries()
-    assert loader.loaded.isa == request.param
-    yield request.param
-    G.reset()  # the next test loads the default build
+isa = isa_fixture(G)  # each math test runs on every build this CPU has
 
 
 @pytest.fixture(autouse=True)
