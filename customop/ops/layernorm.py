@@ -129,7 +129,10 @@ GEMMA_RMS_NORM_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, standalone=True, native_
 #: (``standalone``: 0.95-1.2x, the same code as torch.compile's less Dynamo's call path).
 RMS_NORM_GATED_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, standalone=True, native_from=1)
 #: FusedRMSNormGated (the KDA output norm): the same kernel over whole rows for the form without a
-#: residual, at every size; the residual form (no kernel) tiers as the other norms.
+#: residual, at every size: 1.18-1.36x torch.compile of the spec (p5) at 1-256 rows of 4096 on the
+#: AMD EPYC (AVX2), where the eager/compiled tiers ran at 0.67-0.93x, 1.04-1.05x at 2048x8192;
+#: 1.03-1.21x on the Xeon (BENCHMARKS.md, "issue 18, CPU, twelfth day"). The residual form (no
+#: kernel) tiers as the other norms.
 FUSED_RMS_NORM_GATED_CPU_TIERS = CpuTiers(**_NORM_THRESHOLDS, native_from=1)
 
 

@@ -2,8 +2,8 @@
 op needs (issue 18): RMSNorm's exact bf16/fp16 roundings, with vcvtne2ps2bf16 / vcvtps2ph (the
 same kernel serves Gemma's RMSNorm, whose one rounding at the end is the same conversion); and
 Mamba-2's grouped gated RMSNorm (``rms_norm_gated``), whose Inductor code keeps an fp32 buffer of
-the whole input between three passes: the kernel makes one pass per row (and serves the KDA output
-norm, ``fused_rms_norm_gated``, the same math over whole rows).
+the whole input between three passes: the kernel makes two passes over each row group, in cache
+(and serves the KDA output norm, ``fused_rms_norm_gated``, the same math over whole rows).
 
 ``kernel_for(spec)`` gives the kernel standing in for a spec function (None: the spec has none);
 ``CpuTiers.native_from`` says from which size an op's ``run_tiered`` tries it. A kernel returns
