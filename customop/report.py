@@ -79,7 +79,7 @@ def moe_routes(config: Config | None = None, platform: Platform | None = None) -
     elif method == "forward_cpu":
         from customop.ops.moe import cpu
 
-        route = lambda t, e, k, h, i: _CPU_ROUTES[cpu.route(t, h, i, k, dtype)]  # noqa: E731
+        route = lambda t, e, k, h, i: _CPU_ROUTES[cpu.route(t, h, i, k, dtype, e)]  # noqa: E731
     elif platform.is_cuda_alike():
         try:
             from customop.backends.triton import moe_tuning

@@ -35,6 +35,16 @@ CHOICE: dict[torch.dtype, str] = {torch.bfloat16: "compiled", torch.float16: "gr
 #: "compiled" runs from this many (token, k) slots; below, the eager grouped form: the same speed
 #: there, without a compile per layer variant (seconds each) for decode-only or check-sized calls
 COMPILE_FROM_SLOTS = 128
+#: dtype -> from how many (token, k) slots an expert the spec runs instead, on this CPU. On CPUs
+#: whose ATen capability is AVX2 (no AVX-512: oneDNN's bf16 GEMMs get no hardware help; the AMD
+#: EPYC CI machines) the bf16 grouped forms ran at 17-20 GFLOP/s, and from 16 slots an expert the
+#: spec (the used experts' weights converted to fp32, fp32 GEMMs) was faster: E8 k2 H1024 I3584 at
+#: 64 / 128 / 256 tokens 1.3x / 2.1x / 3.5x, E128 k8 H2048 I768 at 256 tokens 1.8x; at 8 slots an
+#: expert the compiled grouped form still won (1.48x, 1.43x); 2 threads (BENCHMARKS.md, "issue 18,
+#: CPU, twelfth day (3)"). fp16 was not measured there. Empty elsewhere (the Xeon's AMX and
+#: AVX512_BF16 GEMMs: the table above).
+SPEC_FROM_SLOTS_PER_EXPERT: dict[torch.dtype, int] = (
+    {torch.bfloat16: 16} if torch.backends.cpu.get_cpu_capability() == "AVX2" else {})
 #: whether this torch runs ``torch._grouped_mm`` on CPU tensors (2.8: no kernel; 2.13: a composite
 #: one). A dispatcher table lookup, not a call: cheap at import and constant inside torch.compile.
 GROUPED_MM_ON_CPU = torch._C._dispatch_has_computed_kernel_for_dispatch_key("aten::_grouped_mm", "CPU")
@@ -114,12 +124,15 @@ def fused_experts(x, w13, w2, *args):
 
 def choice(x: torch.Tensor, w2: torch.Tensor, top_k: int) -> str:
     """The formulation ``fused_experts`` runs for these inputs (outside ``torch.compile``)."""
-    return route(x.shape[0], x.shape[1], w2.shape[2], top_k, x.dtype)
+    return route(x.shape[0], x.shape[1], w2.shape[2], top_k, x.dtype, w2.shape[0])
 
 
-def route(tokens: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype) -> str:
+def route(tokens: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, experts: int) -> str:
     """``choice`` from the shape alone (``customop info`` reports it without building tensors):
-    ``inter`` is the intermediate size per rank."""
+    ``inter`` is the intermediate size per rank, ``experts`` the experts of this rank."""
+    spec_from = SPEC_FROM_SLOTS_PER_EXPERT.get(dtype)
+    if spec_from is not None and tokens * top_k >= spec_from * experts:
+        return "spec"
     name = CHOICE.get(dtype, "spec")
     if name in ("grouped", "compiled") and not _grouped_fits(hidden, inter, dtype):
         return "per_expert"
