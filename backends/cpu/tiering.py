@@ -16,13 +16,15 @@ import contextvars
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from customop.backends.cpu import compile_cache, native, standalone
 from customop.backends.cpu.compile_cache import EMULATE_CASTS, compiled, dynamic_ready, mark_dynamic_ready
 from customop.backends.cpu.exact_rounding import EXACT_ROUNDING_OPTIONS, compiled_form
+
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,11 +153,11 @@ ONE_THREAD = {"cpp.threads": 1}
 _WARMING_UP: contextvars.ContextVar[bool] = contextvars.ContextVar("customop_cpu_warming_up", default=False)
 
 
-def for_this_cpu(default: CpuTiers, **by_capability: CpuTiers) -> CpuTiers:
+def for_this_cpu(default: _T, **by_capability: _T) -> _T:
     """``by_capability[capability]`` for ATen's CPU capability on this machine
     (``torch.backends.cpu.get_cpu_capability()``: ``"AVX512"``, ``"AVX2"``, ...: the instruction set
-    ATen's kernels and Inductor's code are built for here), else ``default``. For the ops whose
-    eager and compiled tiers trade places between CPUs, each set measured on its CPU."""
+    ATen's kernels and Inductor's code are built for here), else ``default``. For the choices that
+    trade places between CPUs (an op's tiers, the MoE experts' route), each measured on its CPU."""
     return by_capability.get(torch.backends.cpu.get_cpu_capability(), default)
 
 

@@ -583,20 +583,16 @@ class FusedRMSNormGated(CustomOp):
 
     def forward_cpu(self, x: torch.Tensor, g: torch.Tensor, residual: torch.Tensor | None = None,
                     prenorm: bool = False, residual_in_fp32: bool = False):
-        if residual is None:
-            # the plain form's per-call cost matters at decode sizes (RMSNormGated.forward_cpu's
-            # shortcuts: the checks' conditions in one pass, g's as a residual's)
-            weight = _weight(self)
-            if not _norm_inputs_pass(self.hidden_size, x, weight, g):
-                self._check(x, g, None)
-            y = run_tiered(self.cpu_tiers, fused_rms_norm_gated, x, g, weight, self.eps,
-                           _GATE_ACTIVATIONS[self.activation])
-            return (y, self._prenorm_residual(x, residual_in_fp32)) if prenorm else y
-        self._check(x, g, residual)
+        # the plain form's per-call cost matters at decode sizes (RMSNormGated.forward_cpu's
+        # shortcuts: the checks' conditions in one pass, g's as a residual's; the weight without
+        # nn.Module's __getattr__); the residual form takes the full check
+        weight = _weight(self)
+        if residual is not None or not _norm_inputs_pass(self.hidden_size, x, weight, g):
+            self._check(x, g, residual)
+        sigmoid = self.sigmoid
         return self._run(
-            lambda x, g: run_tiered(self.cpu_tiers, fused_rms_norm_gated, x, g, self.weight, self.eps, self.sigmoid),
-            lambda x, g, r: run_tiered(self.cpu_tiers, fused_add_rms_norm_gated, x, g, r, self.weight, self.eps,
-                                       self.sigmoid),
+            lambda x, g: run_tiered(self.cpu_tiers, fused_rms_norm_gated, x, g, weight, self.eps, sigmoid),
+            lambda x, g, r: run_tiered(self.cpu_tiers, fused_add_rms_norm_gated, x, g, r, weight, self.eps, sigmoid),
             x, g, residual, prenorm, residual_in_fp32)
 
     def forward_cuda(self, x: torch.Tensor, g: torch.Tensor, residual: torch.Tensor | None = None,

@@ -15,8 +15,8 @@
  * Where it differs from the AVX-512 kernel, and why: bf16 is rounded by the integer form (exact for
  * every value: nothing is stored twice); a group's last size % 8 lanes go through zero-padded stack
  * buffers (no masked 16-bit loads or stores), so the scratch is padded to a multiple of 8; the
- * variance's sum runs in 8 lanes, another order whose last bit may differ, as ATen's and
- * Inductor's differ from each other; everything after it is bitwise the spec.
+ * variance's sum runs in four 8-lane partial sums, another order whose last bit may differ, as
+ * ATen's and Inductor's differ from each other; everything after it is bitwise the spec.
  *
  * Compile with -mavx2 -mf16c -ffp-contract=off -fopenmp; built and loaded by loader.py. No torch
  * headers: raw pointers, strides in elements. */
@@ -68,7 +68,7 @@ INLINE __m256 activation(__m256 z, __m256 e, int act) {
     return _mm256_div_ps(act == SILU ? z : _mm256_set1_ps(1.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f)));
 }
 
-/* scratch[i] = exp(-z) for the group's lanes (padding: exp(-0)). A loop of its own: nothing is
+/* scratch[i] = exp(-z) for `size` lanes from lane `start` (padding: exp(-0)). A loop of its own: nothing is
  * live across the calls (every vector register is the callee's to clobber), and the divisions
  * after it pipeline instead of waiting on each call (measured: the loop that called the exp and
  * divided in turn spent 40% of its time waiting on the division). */

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from customop.backends.cpu.tiering import has_neg_bit
+from customop.backends.cpu.tiering import for_this_cpu, has_neg_bit
 from customop.math import moe as _math
 
 #: the formulation forward_cpu runs, per input dtype. Measured (benchmarks/results/cpu_moe.md, one
@@ -43,8 +43,7 @@ COMPILE_FROM_SLOTS = 128
 #: expert the compiled grouped form still won (1.48x, 1.43x); 2 threads (BENCHMARKS.md, "issue 18,
 #: CPU, twelfth day (3)"). fp16 was not measured there. Empty elsewhere (the Xeon's AMX and
 #: AVX512_BF16 GEMMs: the table above).
-SPEC_FROM_SLOTS_PER_EXPERT: dict[torch.dtype, int] = (
-    {torch.bfloat16: 16} if torch.backends.cpu.get_cpu_capability() == "AVX2" else {})
+SPEC_FROM_SLOTS_PER_EXPERT: dict[torch.dtype, int] = for_this_cpu({}, AVX2={torch.bfloat16: 16})
 #: whether this torch runs ``torch._grouped_mm`` on CPU tensors (2.8: no kernel; 2.13: a composite
 #: one). A dispatcher table lookup, not a call: cheap at import and constant inside torch.compile.
 GROUPED_MM_ON_CPU = torch._C._dispatch_has_computed_kernel_for_dispatch_key("aten::_grouped_mm", "CPU")
