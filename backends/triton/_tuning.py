@@ -181,9 +181,10 @@ LOOP_ROW: dict[str, tuple[int, int]] = {"cuda": (8192, 16)}
 #: reads the row (kept in L2 by evict_last), pass 2 re-reads it from L2 and writes. ``min_rows``:
 #: padded width -> more rows than this loop (the entry of the largest width not above the row's);
 #: ``residual_min_rows`` the same for the fused adds, where given. Chunk: half the row, at most
-#: ``max_chunk`` (rms_norm), or the row, at most ``max_chunk`` (with a residual, whose store then
-#: waits for the reduction instead of competing with the first reads); ``lanes_per_warp`` lanes
-#: per warp. H200 sweeps, bf16 (single-tile pick -> looped; compile):
+#: ``max_chunk`` (rms_norm), or the row, at most ``max_chunk`` or ``residual_chunk``'s entry by
+#: width (with a residual, whose store then waits for the reduction instead of competing with the
+#: first reads); ``lanes_per_warp`` lanes per warp; ``store_evict``: RowConfig.store_evict at these
+#: sizes. H200 sweeps, bf16 (single-tile pick -> looped; compile):
 #: - 2026-12-02, 32768 rows: rms_norm x 4096 130.9 -> 126.8 us (129.3 liger), x 8192 255.3 ->
 #:   249.5 (249.3 compile); fused add x 4096 265.8 -> 251.4 (249.4), x 8192 525.9 -> 508.2 (500.7).
 #: - 2026-12-02, 4096 rows: rms_norm x 8192 35.3 -> 34.2 (34.4), fused add x 4096 35.9 -> 34.8
@@ -230,13 +231,30 @@ RMS_LOOPED: dict[str, dict[str, Any]] = {
 #:   129-255 follow unmeasured) put the fused add at 256 x 4096 at 5.00 / 5.04 -> 4.84 / 4.82 us
 #:   (compile 4.94) and 256 x 8192 at 7.48 / 7.43 -> 7.12 / 7.22 (8.57); without the residual it
 #:   was no faster (256 x 4096 4.00 both; 256 x 8192 5.72 -> 6.12).
+#: - fourteenth day (2026-12-04; medians of five interleaved rounds of the runner's timer, us,
+#:   pick -> new (compile); h200/2026-12-04-fourteenth-rounds-plan1.json):
+#:   - rms: with a residual, no evict-first hint on x and the residual at decode sizes
+#:     (``residual_evict_max_rows``): the in-place fused adds rewrite the lines they read, and the
+#:     hint sends them out of L2 first. Gemma's fused add 1 / 16 / 256 x 8192 2.280 / 2.395 / 6.254
+#:     -> 2.205 / 2.328 / 6.061 (Liger 2.253 / 2.390 / 6.255), x 4096 1.778 / 1.872 / 4.325 -> 1.763
+#:     / 1.872 / 4.318 (1.742 / 1.845 / 4.168); fused_add_rms_norm 1.733-6.102 -> 1.723-6.127,
+#:     ahead of Liger throughout. Without a residual the hint stays (Gemma 1-256 rows: ties).
+#:   - gated, the looped class: the stores evict-first (``store_evict``), 4096-lane chunks on 16
+#:     warps without a residual, 2048-lane chunks on 16 warps with one at 8192 lanes
+#:     (``residual_chunk``, ``residual_lanes_per_warp``), and the fused add of 4096 lanes looped
+#:     from 2048 rows (the whole row, 16 warps): fused_rms_norm_gated 4096 / 32768 x 8192 50.90 /
+#:     373.06 -> 49.62 / 371.17 (49.92 / 372.77); the fused add x 8192 81.60 / 633.05 -> 81.46 /
+#:     615.89 (82.62 / 619.97), x 4096 41.96 / 313.79 -> 41.40 / 309.08 (42.12 / 309.66).
+#:     Measured at 4096 and 32768 rows; 2049-4095 rows follow unmeasured.
 RMS_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {
-        "rms": {},
+        "rms": {"residual_evict_max_rows": 0},
         "layer": {"looped": None, "mid_block_m": 2},
         "gated": {"decode_warps": {4096: 16}, "evict_max_rows": 256, "residual_x_first_rows": 129,
-                  "looped": {"min_rows": {8192: 2048}, "max_chunk": 2048, "max_residual_chunk": 4096,
-                             "lanes_per_warp": 256, "const_width": True, "decode_min_rows": {4096: 128, 8192: 256}}},
+                  "looped": {"min_rows": {8192: 2048}, "residual_min_rows": {4096: 2048}, "max_chunk": 4096,
+                             "residual_chunk": {4096: 4096, 8192: 2048}, "lanes_per_warp": 256,
+                             "residual_lanes_per_warp": {8192: 128}, "const_width": True, "store_evict": True,
+                             "decode_min_rows": {4096: 128, 8192: 256}}},
     },
 }
 
@@ -417,6 +435,8 @@ def _rms_config(kind: str, sms: int, n_rows: int, n_cols: int, residual: bool = 
             while block_m > 1 and _cdiv(n_rows, block_m) < 2 * sms:
                 block_m //= 2
             evict_max_rows = changes.get("evict_max_rows", _table(RMS_EVICT_MAX_ROWS, kind))
+            if residual:
+                evict_max_rows = changes.get("residual_evict_max_rows", evict_max_rows)
             return RowConfig(block_m, width, _warps(kind, warps), True, programs_per_sm=per_sm,
                              evict=n_rows <= evict_max_rows, w_first=not x_first)
     chunk, warps = _table(LOOP_ROW, kind)
@@ -427,17 +447,20 @@ def _looped_config(kind: str, looped: dict[str, Any], n_rows: int, width: int, r
     """The looped kernel's config where ``looped`` (RMS_LOOPED or a variant's) sends rows of
     ``width`` padded lanes to it; None where they keep the single tile."""
     decode_min_rows = _by_width(looped.get("decode_min_rows", {}), width, math.inf)
+    store_evict = False
     if not residual and decode_min_rows < n_rows <= 256:  # 256: RMS_TABLE's decode class
         chunk = width
     elif n_rows > _looped_min_rows(looped, width, residual):
-        chunk = min(width, looped.get("max_residual_chunk", looped["max_chunk"])) if residual else \
-            min(width // 2, looped["max_chunk"])
+        chunk = min(width, _by_width(looped.get("residual_chunk", {}), width, looped["max_chunk"])) if residual \
+            else min(width // 2, looped["max_chunk"])
+        store_evict = looped.get("store_evict", False)
     else:
         return None
     lanes = looped["lanes_per_warp"]
     if residual:
         lanes = _by_width(looped.get("residual_lanes_per_warp", {}), width, lanes)
-    return RowConfig(1, chunk, _warps(kind, max(1, chunk // lanes)), False, const_width=looped.get("const_width", False))
+    return RowConfig(1, chunk, _warps(kind, max(1, chunk // lanes)), False, const_width=looped.get("const_width", False),
+                     store_evict=store_evict)
 
 
 def _looped_min_rows(looped: dict[str, Any], width: int, residual: bool) -> float:

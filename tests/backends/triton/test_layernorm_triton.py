@@ -7,6 +7,8 @@ torch.compile)."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -301,9 +303,13 @@ def test_rms_size_classes_and_sweep_filters():
     assert _tuning._rms_config("cuda", 132, 16, 8192, variant="layer").block_m == 1
     assert _tuning._rms_config("cuda", 132, 16, 4096, variant="gated").num_warps == 16
     assert _tuning._rms_config("cuda", 132, 16, 4096).num_warps == 8
-    assert _tuning._rms_config("cuda", 132, 4096, 8192, variant="gated") == _tuning.RowConfig(1, 2048, 8, False, const_width=True)
-    assert _tuning._rms_config("cuda", 132, 4096, 8192, True, "gated") == _tuning.RowConfig(1, 4096, 16, False, const_width=True)
+    gated_looped = functools.partial(_tuning.RowConfig, 1, single_tile=False, const_width=True, store_evict=True)
+    assert _tuning._rms_config("cuda", 132, 4096, 8192, variant="gated") == gated_looped(4096, 16)
+    assert _tuning._rms_config("cuda", 132, 4096, 8192, True, "gated") == gated_looped(2048, 16)
+    assert _tuning._rms_config("cuda", 132, 4096, 4096, True, "gated") == gated_looped(4096, 16)
+    assert _tuning._rms_config("cuda", 132, 2048, 4096, True, "gated").single_tile
     assert _tuning._rms_config("cuda", 132, 4096, 4096, variant="gated").single_tile
+    assert not _tuning._rms_config("cuda", 132, 256, 4096, variant="gated").store_evict  # the decode class's loop
     assert not _tuning._rms_config("cuda", 132, 4096, 4096, variant="gated").evict
     assert _tuning._rms_config("cuda", 132, 256, 4096, variant="gated").evict
     # with a residual, from residual_x_first_rows rows of the decode class: x's load before the weight's
@@ -312,6 +318,10 @@ def test_rms_size_classes_and_sweep_filters():
     assert _tuning._rms_config("cuda", 132, 128, 4096, True, "gated").w_first
     assert _tuning._rms_config("cuda", 132, 257, 4096, True, "gated").w_first
     assert _tuning._rms_config("cuda", 132, 256, 4096, True).w_first  # the RMSNorm family: unchanged
+    # the RMSNorm family's fused adds read x and the residual without the evict-first hint
+    assert not _tuning._rms_config("cuda", 132, 16, 8192, True).evict
+    assert _tuning._rms_config("cuda", 132, 16, 8192).evict
+    assert _tuning._rms_config("cuda", 132, 16, 8192, True, "gated").evict
     # the evict-first hint on x up to RMS_EVICT_MAX_ROWS (2048) rows
     assert _tuning._rms_config("cuda", 132, 2048, 4096).evict
     assert not _tuning._rms_config("cuda", 132, 4096, 4096).evict
