@@ -62,7 +62,7 @@ class RowConfig:
     #: block is checked, none when block_m divides the rows; columns: none when block_n is the
     #: row width); ``int32``: 32-bit element offsets when the launcher finds that they fit (int64
     #: otherwise); ``w_first``: the weight's load issued before x's; ``evict``: x (and the
-    #: residual) read with ``evict_first``
+    #: residual) read with ``evict_first`` (the looped kernel: in pass 2)
     even: bool = True
     int32: bool = True
     w_first: bool = True

@@ -184,7 +184,8 @@ def _norm_block(
 def _norm_looped_row(
     x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, n_cols, x_stride, res_stride, out_stride, g_stride,
     ro_stride, eps, KIND: tl.constexpr, GATE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr, STORE_POLICY: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr, POLICY: tl.constexpr,
+    STORE_POLICY: tl.constexpr,
 ):
     """One row per program, in BLOCK_N chunks. Pass 1 reads the row (kept in L2) for its
     statistics: the sum of squares (RMS kinds) or, for the layer norms, a per-lane Welford mean
@@ -193,6 +194,7 @@ def _norm_looped_row(
     residual is rewritten only there, chunk by chunk, after being read. WIDTH > 0: n_cols, with
     every tensor's rows packed (strides n_cols), as compile-time constants, as in Inductor's code
     for one shape: constant loop bounds and offsets, and no bounds checks when BLOCK_N divides it.
+    POLICY: pass 2's loads' eviction policy (RowConfig.evict: evict-first, or none).
     STORE_POLICY: the stores' eviction policy (the looped kernel's: pass 2's; "": none;
     RowConfig.store_evict)."""
     X_DTYPE = x_ptr.dtype.element_ty
@@ -234,12 +236,12 @@ def _norm_looped_row(
     for start in range(0, width, BLOCK_N):
         cols = start + lanes
         mask = cols < width
-        x = _load(x_row + cols, mask, MASKED, "evict_first").to(tl.float32)
+        x = _load(x_row + cols, mask, MASKED, POLICY).to(tl.float32)
         g = 0.0
         if GATE != NO_GATE:
-            g = _load(g_row + cols, mask, MASKED, "evict_first")
+            g = _load(g_row + cols, mask, MASKED, POLICY)
         if HAS_RESIDUAL:
-            x = _add_residual(x, _load(r_row + cols, mask, MASKED, "evict_first"), X_DTYPE, KIND)
+            x = _add_residual(x, _load(r_row + cols, mask, MASKED, POLICY), X_DTYPE, KIND)
             _store(ro_row + cols, _residual_out(x, X_DTYPE, ro_ptr.dtype.element_ty, KIND), mask, MASKED,
                    STORE_POLICY)
         w = _load(w_ptr + cols, mask, MASKED, "evict_last") if HAS_WEIGHT else 0.0
@@ -302,7 +304,7 @@ def _norm_kernel(
     else:
         _norm_looped_row(x_ptr, res_ptr, out_ptr, w_ptr, b_ptr, g_ptr, ro_ptr, n_cols, x_stride, res_stride,
                          out_stride, g_stride, ro_stride, eps, KIND, GATE, HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, BLOCK_N,
-                         WIDTH, STORE_POLICY)
+                         WIDTH, POLICY, STORE_POLICY)
 
 
 # ---- launchers --------------------------------------------------------------------------------

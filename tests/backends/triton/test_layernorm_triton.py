@@ -179,7 +179,9 @@ _CODEGEN = [
     (7, 37, _tuning.RowConfig(1, 64, 1, True, evict=False), {"ROW_MASK": 0, "EVEN_N": False, "POLICY": ""}),
     # the looped kernel (a tail chunk) with pass 2's stores marked evict-first, and without
     (13, 100, _tuning.RowConfig(1, 64, 2, False, store_evict=True), {"SINGLE_TILE": False, "STORE_POLICY": "evict_first"}),
-    (13, 100, _tuning.RowConfig(1, 64, 2, False), {"SINGLE_TILE": False, "STORE_POLICY": ""}),
+    (13, 100, _tuning.RowConfig(1, 64, 2, False), {"SINGLE_TILE": False, "STORE_POLICY": "", "POLICY": "evict_first"}),
+    # the looped kernel's pass-2 loads without the evict-first hint
+    (13, 100, _tuning.RowConfig(1, 64, 2, False, evict=False), {"SINGLE_TILE": False, "POLICY": ""}),
     # the single tile's stores evict-first, with and without a persistent grid
     (13, 100, _tuning.RowConfig(4, 128, 4, True, store_evict=True), {"ROW_MASK": 1, "STORE_POLICY": "evict_first"}),
     (12, 128, _tuning.RowConfig(4, 128, 4, True, programs_per_sm=1, store_evict=True, evict=False),
