@@ -102,15 +102,17 @@ def test_forward_cpu_runs_the_measured_choice(label, dtype, monkeypatch):
     assert moe_cpu.choice(x.new_empty(64, x.shape[1]), layer.w2_weight, 2) == (moe_cpu.CHOICE[dtype] if aligned else "per_expert")
 
 
-def test_avx2_cpus_run_the_spec_from_10_slots_an_expert_in_bf16(monkeypatch):
-    """Where bf16 GEMMs get no hardware help (``SPEC_FROM_SLOTS_PER_EXPERT``, set on AVX2 CPUs),
-    bf16 calls of 10 or more (token, k) slots an expert run the spec; fewer, and fp32, the table;
-    the layer's output stays the reference's either way."""
-    monkeypatch.setattr(moe_cpu, "SPEC_FROM_SLOTS_PER_EXPERT", {torch.bfloat16: 10})
+def test_avx2_cpus_run_the_spec_from_their_slots_an_expert(monkeypatch):
+    """Where half-precision GEMMs get no hardware help (``SPEC_FROM_SLOTS_PER_EXPERT``, set on
+    AVX2 CPUs), bf16 calls of 10 or more (token, k) slots an expert run the spec, fp16 calls of 16
+    or more; fewer, and fp32, the table; the layer's output stays the reference's either way."""
+    monkeypatch.setattr(moe_cpu, "SPEC_FROM_SLOTS_PER_EXPERT", {torch.bfloat16: 10, torch.float16: 16})
     assert moe_cpu.route(128, 2048, 768, 8, torch.bfloat16, 128) == "compiled"  # 8 an expert
     assert moe_cpu.route(160, 2048, 768, 8, torch.bfloat16, 128) == "spec"  # 10 an expert
     assert moe_cpu.route(40, 1024, 3584, 2, torch.bfloat16, 8) == "spec"
     assert moe_cpu.route(256, 2048, 768, 8, torch.float32, 128) == "grouped"
+    assert moe_cpu.route(160, 2048, 768, 8, torch.float16, 128) == "grouped"
+    assert moe_cpu.route(256, 2048, 768, 8, torch.float16, 128) == "spec"  # 16 an expert
     ran = []
     for name, fn in list(moe_cpu.FORMULATIONS.items()):
         monkeypatch.setitem(moe_cpu.FORMULATIONS, name, lambda *a, _n=name, _f=fn: ran.append(_n) or _f(*a))

@@ -45,9 +45,12 @@ COMPILE_FROM_SLOTS = 128
 #: E128 k8 (541 against 688 ms grouped, 160 tokens) and lost for E8 k2 (130 against 103-105 ms, 40
 #: tokens), at 12 and 14 it won for E8 k2 (115 / 137 against 119-129 / 145-151 ms): from 10 the
 #: spec runs, at the compiled spec's speed (same math) where grouped would have been faster, and
-#: never behind it. fp16 was not measured there. Empty elsewhere (the Xeon's AMX and AVX512_BF16
+#: never behind it. fp16 (same day): the grouped form won at 8-10 slots (1.10x, 1.43x), tied at
+#: 12-16 and lost from there (E8 k2, 256 tokens: 460 against 211 ms; E128 k8 at 16 slots 880
+#: against 819), so fp16 takes the spec from 16. Empty elsewhere (the Xeon's AMX and AVX512_BF16
 #: GEMMs: the table above).
-SPEC_FROM_SLOTS_PER_EXPERT: dict[torch.dtype, int] = for_this_cpu({}, AVX2={torch.bfloat16: 10})
+SPEC_FROM_SLOTS_PER_EXPERT: dict[torch.dtype, int] = for_this_cpu(
+    {}, AVX2={torch.bfloat16: 10, torch.float16: 16})
 #: whether this torch runs ``torch._grouped_mm`` on CPU tensors (2.8: no kernel; 2.13: a composite
 #: one). A dispatcher table lookup, not a call: cheap at import and constant inside torch.compile.
 GROUPED_MM_ON_CPU = torch._C._dispatch_has_computed_kernel_for_dispatch_key("aten::_grouped_mm", "CPU")
