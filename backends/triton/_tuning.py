@@ -597,15 +597,15 @@ def _group_config(kind: str, sms: int, n_rows: int, groups_per_row: int, block_g
     return TileConfig(groups, block_g, _warps(kind, max(1, min(8, groups * block_g // per_warp))))
 
 
-def rotary_config(device: torch.device, num_tokens: int, is_neox: bool) -> RotaryConfig:
-    """neox: 8 warps per program when every token has its own program(s) anyway (H200, 4096
-    tokens x (32 + 8) heads of 128, bf16: 26.8 us at 8 warps, 37.0 at 4, the same-size copy
-    25.7); otherwise 4: at decode sizes, where the heads are split over programs (1.5 us against
-    1.7 at 8), and for gptj (26.4 us at 4, 26.8 at 8; at 8 its de-interleave loses the 16-byte
-    accesses)."""
+def rotary_config(device: torch.device, is_neox: bool) -> RotaryConfig:
+    """neox: 8 warps per program; gptj: 4 (H200, bf16, (32 + 8) heads of 128: at 4096 tokens
+    neox 26.8 us at 8 warps, 37.0 at 4, the same-size copy 25.7; gptj 26.4 at 4, 26.8 at 8, where
+    its de-interleave loses the 16-byte accesses). Neox took 4 below 2 x SMs tokens until
+    2026-12-04, from a decode timing under the runner's old timer; seven interleaved rounds of the
+    current one (h200/2026-12-04-fourteenth-rounds-rotary.txt), us, 4 -> 8 warps (Liger): 1 token
+    1.413 -> 1.411 (1.517), 16 tokens 1.614 -> 1.597 (1.664), 256 tokens 3.768 -> 3.511 (3.619)."""
     kind = device_kind(device)
-    warps = 8 if is_neox and num_tokens >= 2 * sm_count(device) else 4
-    return _apply_override("rotary", RotaryConfig(_warps(kind, warps)))
+    return _apply_override("rotary", RotaryConfig(_warps(kind, 8 if is_neox else 4)))
 
 
 # ---- benchmark sweeps -------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
 
     half = rotary_dim // 2
     block_half = triton.next_power_of_2(half)
-    cfg = rotary_config(query.device, num_tokens, bool(is_neox))  # warps, forced head splits
+    cfg = rotary_config(query.device, bool(is_neox))  # warps, forced head splits
     target_programs = _PROGRAMS_PER_SM * sm_count(query.device)
     splits = max(1, min(_MAX_SPLITS, num_q, max(cfg.min_splits, target_programs // num_tokens)))
     q_per_split = triton.cdiv(num_q, splits)
