@@ -41,7 +41,7 @@ COMPILE_FROM_SLOTS = 128
 #: spec (the used experts' weights converted to fp32, fp32 GEMMs) was faster: E8 k2 H1024 I3584 at
 #: 64 / 128 / 256 tokens 1.3x / 2.1x / 3.5x, E128 k8 H2048 I768 at 256 tokens 1.8x; at 8 slots an
 #: expert the compiled grouped form still won (1.48x, 1.43x); 2 threads (BENCHMARKS.md, "issue 18,
-#: CPU, twelfth day (3)"). Between them (thirteenth day): at 10 slots an expert the spec won for
+#: CPU, twelfth day (3)"). Between them ("issue 18, CPU, thirteenth day"): at 10 slots an expert the spec won for
 #: E128 k8 (541 against 688 ms grouped, 160 tokens) and lost for E8 k2 (130 against 103-105 ms, 40
 #: tokens), at 12 and 14 it won for E8 k2 (115 / 137 against 119-129 / 145-151 ms): from 10 the
 #: spec runs, at the compiled spec's speed (same math) where grouped would have been faster, and

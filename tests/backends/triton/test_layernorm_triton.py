@@ -300,7 +300,8 @@ def test_rms_size_classes_and_sweep_filters():
     assert _tuning._rms_config("cuda", 132, 4096, 2048, True).single_tile
     # RMS_VARIANTS: the layer norms never loop and take two rows per program above decode sizes;
     # the fused gated norms take 16 warps at decode sizes of 4096 lanes and loop from 2048 rows
-    # of 8192 lanes, in 2048-lane chunks (4096 with a residual)
+    # of 8192 lanes (of 4096 with a residual) on 16 warps with evict-first stores, in 4096-lane
+    # chunks (with a residual: the whole row at 4096 lanes, 2048-lane chunks at 8192)
     assert _tuning._rms_config("cuda", 132, 32768, 8192, variant="layer") == _tuning.RowConfig(2, 8192, 16, True, evict=False)
     assert _tuning._rms_config("cuda", 132, 16, 8192, variant="layer").block_m == 1
     assert _tuning._rms_config("cuda", 132, 16, 4096, variant="gated").num_warps == 16
