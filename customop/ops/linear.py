@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from customop.backends.cpu.tiering import for_this_cpu
 from customop.custom_op import CustomOp
 from customop.distributed import TPGroup, get_tp_group
 
@@ -68,6 +69,15 @@ _onednn_ok: bool | None = None
 ONEDNN_DTYPES = frozenset({torch.float32})
 #: Below this many rows the two are within noise (weight reads dominate); keep F.linear.
 ONEDNN_MIN_ROWS = 2
+#: dtype -> from how many rows a half-precision GEMM runs in fp32 instead (x and the weight
+#: converted on each call, the result rounded back once), on this CPU. Where ATen's capability is
+#: AVX2 (no AVX-512: oneDNN's bf16 and fp16 GEMMs get no hardware help; the AMD EPYC CI machines)
+#: bf16 F.linear ran at 17-20 GFLOP/s and fp32 at 110-130, so from a few dozen rows the fp32 GEMM
+#: plus the conversions wins: 2 threads, 4096 x 4096 weights, bf16 16 / 32 / 128 rows 0.59x /
+#: 1.07x / 2.67x, 256 x 4096 x 14336 3.3x; fp16 32 / 128 rows 0.79x / 1.77x; 1024 x 1024
+#: weights from 16 rows (BENCHMARKS.md "issue 18, CPU, thirteenth day (2)"). The math is the
+#: spec's (fp32 accumulation, one rounding); empty elsewhere (AVX512_BF16 and AMX CPUs).
+FP32_GEMM_FROM_ROWS: dict[torch.dtype, int] = for_this_cpu({}, AVX2={torch.bfloat16: 32, torch.float16: 64})
 
 
 def onednn_linear_available() -> bool:
@@ -97,10 +107,21 @@ def use_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                 and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))  # no autograd
 
 
+def use_fp32_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``cpu_linear`` runs this half-precision GEMM in fp32 (FP32_GEMM_FROM_ROWS). Never
+    inside a ``torch.compile`` trace (Inductor picks its own GEMM)."""
+    from_rows = FP32_GEMM_FROM_ROWS.get(x.dtype)
+    return bool(from_rows is not None and weight.dtype == x.dtype and x.device.type == "cpu"
+                and x.numel() >= from_rows * x.shape[-1] and not torch.compiler.is_compiling())
+
+
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``linear`` on the faster CPU path: oneDNN for the dtypes and sizes where it won, else F.linear."""
+    """``linear`` on the faster CPU path: oneDNN for the dtypes and sizes where it won, an fp32
+    GEMM where half-precision GEMMs are slow, else F.linear."""
     if use_onednn(x, weight, bias):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    if use_fp32_gemm(x, weight):
+        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
     return F.linear(x, weight, bias)
 
 

@@ -142,6 +142,27 @@ def test_cpu_linear_chooses_onednn_only_where_measured():
     assert xg.grad is not None
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_cpu_linear_runs_half_precision_in_fp32_from_the_table_rows(dtype, monkeypatch):
+    """Where half-precision GEMMs get no hardware help (``FP32_GEMM_FROM_ROWS``, set on AVX2
+    CPUs), calls of that many rows or more run in fp32 (with and without a bias, a 3-D input, odd
+    sizes) and match the float64 reference; fewer rows, fp32 and compiled traces keep F.linear."""
+    monkeypatch.setattr(lin, "FP32_GEMM_FROM_ROWS", {dtype: 7})
+    w, b = weights(96, 4231, dtype)
+    for lead, taken in (((6,), False), ((7,), True), ((3, 5), True)):
+        x = randn(*lead, 4231, dtype=dtype)
+        assert lin.use_fp32_gemm(x, w) is taken, lead
+        for bias in (None, b):
+            got = lin.cpu_linear(x, w, bias)
+            assert got.dtype == dtype and got.shape == (*lead, 96)
+            assert_close(got, ref_linear(x, w, bias).to(dtype), dtype)
+    assert not lin.use_fp32_gemm(randn(8, 32), randn(24, 32))  # fp32: not in the table
+    compiled = torch.compile(lambda x: lin.use_fp32_gemm(x, w) and x.sum(), fullgraph=True)
+    assert compiled(randn(8, 4231, dtype=dtype)) is False
+    monkeypatch.undo()  # the shipped table: set on AVX2 CPUs only
+    assert bool(lin.FP32_GEMM_FROM_ROWS) is (torch.backends.cpu.get_cpu_capability() == "AVX2")
+
+
 def test_vocab_parallel_embedding():
     vocab, dim = 100, 24
     table = randn(vocab, dim)
