@@ -78,6 +78,10 @@ ONEDNN_MIN_ROWS = 2
 #: weights from 16 rows (BENCHMARKS.md "issue 18, CPU, thirteenth day (2)"). The math is the
 #: spec's (fp32 accumulation, one rounding); empty elsewhere (AVX512_BF16 and AMX CPUs).
 FP32_GEMM_FROM_ROWS: dict[torch.dtype, int] = for_this_cpu({}, AVX2={torch.bfloat16: 32, torch.float16: 64})
+#: the largest weight (elements) converted so: its fp32 copy is a transient allocation of 4 bytes
+#: an element (256 MB here; the largest measured weight, 4096 x 14336, is 58.7M elements). A
+#: memory bound, not a speed one: an LM head of 150k x 4096 would take 2.5 GB a call
+FP32_GEMM_MAX_WEIGHT = 1 << 26
 
 
 def onednn_linear_available() -> bool:
@@ -112,7 +116,8 @@ def use_fp32_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     inside a ``torch.compile`` trace (Inductor picks its own GEMM)."""
     from_rows = FP32_GEMM_FROM_ROWS.get(x.dtype)
     return bool(from_rows is not None and weight.dtype == x.dtype and x.device.type == "cpu"
-                and x.numel() >= from_rows * x.shape[-1] and not torch.compiler.is_compiling())
+                and x.numel() >= from_rows * x.shape[-1] and weight.numel() <= FP32_GEMM_MAX_WEIGHT
+                and not torch.compiler.is_compiling())
 
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -146,7 +146,8 @@ def test_cpu_linear_chooses_onednn_only_where_measured():
 def test_cpu_linear_runs_half_precision_in_fp32_from_the_table_rows(dtype, monkeypatch):
     """Where half-precision GEMMs get no hardware help (``FP32_GEMM_FROM_ROWS``, set on AVX2
     CPUs), calls of that many rows or more run in fp32 (with and without a bias, a 3-D input, odd
-    sizes) and match the float64 reference; fewer rows, fp32 and compiled traces keep F.linear."""
+    sizes) and match the float64 reference; fewer rows, fp32, weights beyond
+    ``FP32_GEMM_MAX_WEIGHT`` and compiled traces keep F.linear."""
     monkeypatch.setattr(lin, "FP32_GEMM_FROM_ROWS", {dtype: 7})
     w, b = weights(96, 4231, dtype)
     for lead, taken in (((6,), False), ((7,), True), ((3, 5), True)):
@@ -157,6 +158,8 @@ def test_cpu_linear_runs_half_precision_in_fp32_from_the_table_rows(dtype, monke
             assert got.dtype == dtype and got.shape == (*lead, 96)
             assert_close(got, ref_linear(x, w, bias).to(dtype), dtype)
     assert not lin.use_fp32_gemm(randn(8, 32), randn(24, 32))  # fp32: not in the table
+    monkeypatch.setattr(lin, "FP32_GEMM_MAX_WEIGHT", w.numel() - 1)  # a weight too large to copy
+    assert not lin.use_fp32_gemm(randn(8, 4231, dtype=dtype), w)
     compiled = torch.compile(lambda x: lin.use_fp32_gemm(x, w) and x.sum(), fullgraph=True)
     assert compiled(randn(8, 4231, dtype=dtype)) is False
     monkeypatch.undo()  # the shipped table: set on AVX2 CPUs only
