@@ -12,6 +12,8 @@ query attention shares key/value head ``h // (Hq // Hkv)`` among query heads ``h
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -133,7 +135,8 @@ def rel_pos_attention(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch
 def rel_pos_attention_blocked(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None,
                               proj_weight: torch.Tensor, proj_bias: torch.Tensor | None, num_heads: int,
                               rel_pos_h: torch.Tensor | None = None, rel_pos_w: torch.Tensor | None = None,
-                              block: int = 1 << 22, narrow_add_below: int = 0) -> torch.Tensor:
+                              block: int = 1 << 22, narrow_add_below: int = 0,
+                              linear: Callable[..., torch.Tensor] = F.linear) -> torch.Tensor:
     """``rel_pos_attention``'s arithmetic (every value the spec computes, computed the same way),
     with the bias built contiguous and in blocks of at most ``block`` entries, one SDPA per block.
 
@@ -151,10 +154,13 @@ def rel_pos_attention_blocked(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bia
     positions innermost (the terms transposed, the sum transposed back into the same contiguous
     layout): the same additions, bitwise, where the plain broadcast add's innermost dim is the
     grid width, which ATen's CPU loop runs ``W`` elements at a time (13 ms for the
-    25 x 12 x 196 x 196 bf16 bias of SAM's 14 x 14 windows, against 5.5 ms this way)."""
+    25 x 12 x 196 x 196 bf16 bias of SAM's 14 x 14 windows, against 5.5 ms this way).
+
+    ``linear``: the qkv and output projections' GEMM, ``F.linear``'s signature (a platform's
+    faster GEMM: the CPU path passes ``customop.ops.linear.cpu_linear``)."""
     batch, height, width, _ = x.shape
     tokens = height * width
-    qkv = F.linear(x, qkv_weight, qkv_bias).reshape(batch, tokens, 3, num_heads, -1).permute(2, 0, 3, 1, 4)
+    qkv = linear(x, qkv_weight, qkv_bias).reshape(batch, tokens, 3, num_heads, -1).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)  # [B, heads, H * W, head_dim]
     if rel_pos_h is None:
         out = F.scaled_dot_product_attention(q, k, v)
@@ -183,4 +189,4 @@ def rel_pos_attention_blocked(x: torch.Tensor, qkv_weight: torch.Tensor, qkv_bia
                         bias = bias.reshape(*bias.shape[:2], -1, tokens)  # a view: the add's output is contiguous
                     out[i, j, s] = F.scaled_dot_product_attention(q[i, j, s], k[i, j], v[i, j], attn_mask=bias)
     out = out.view(batch, num_heads, height, width, -1).permute(0, 2, 3, 1, 4).reshape(batch, height, width, -1)
-    return F.linear(out, proj_weight, proj_bias)
+    return linear(out, proj_weight, proj_bias)

@@ -14,9 +14,11 @@ segments batched into one SDPA each (bitwise the spec, measured faster: backends
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from customop.backends.cpu.attention import encoder_attention_by_runs
@@ -24,6 +26,7 @@ from customop.config import get_config
 from customop.custom_op import CustomOp
 from customop.math.attention import encoder_attention, rel_pos_attention, segment_lengths  # noqa: F401  (the spec)
 from customop.math.attention import rel_pos_attention_blocked
+from customop.ops.linear import cpu_linear
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OP = "customop.mm_encoder_attn"
@@ -288,24 +291,28 @@ class RelPosAttention(CustomOp):
                                  self.rel_pos_h, self.rel_pos_w)
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_kernel(x, narrow_add_below=self.narrow_add_below)
+        # the projections on cpu_linear: oneDNN for fp32, fp32 GEMMs for bf16/fp16 on AVX2 CPUs
+        # (SAM's qkv and output GEMMs are most of a window's time)
+        return self.forward_kernel(x, narrow_add_below=self.narrow_add_below, linear=cpu_linear)
 
     def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_kernel(x)
 
     forward_xpu = forward_tpu = forward_cuda
 
-    def forward_kernel(self, x: torch.Tensor, narrow_add_below: int = 0) -> torch.Tensor:
+    def forward_kernel(self, x: torch.Tensor, narrow_add_below: int = 0,
+                       linear: Callable[..., torch.Tensor] = F.linear) -> torch.Tensor:
         """What every platform's forward shares: the checks, then the blocked form (plain torch:
         it runs on any device, and autograd records through it). ``narrow_add_below``: see
-        ``narrow_add_below`` (bf16 and fp16 only; fp32 ran slower that way)."""
+        ``narrow_add_below`` (bf16 and fp16 only; fp32 ran slower that way); ``linear``: the
+        projections' GEMM."""
         self.check_input(x)
         if x.dtype not in (torch.bfloat16, torch.float16):
             narrow_add_below = 0
         block = self.bias_block.get(x.device.type, x.shape[0] * self.num_heads * (x.shape[1] * x.shape[2]) ** 2)
         return rel_pos_attention_blocked(x, self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias,
                                          self.num_heads, self.rel_pos_h, self.rel_pos_w, block=block,
-                                         narrow_add_below=narrow_add_below)
+                                         narrow_add_below=narrow_add_below, linear=linear)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, use_rel_pos={self.use_rel_pos}"

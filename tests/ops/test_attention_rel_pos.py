@@ -13,6 +13,7 @@ import torch._dynamo.testing
 from customop.config import Config, use_config
 from customop.math.attention import get_rel_pos
 from customop.ops.attention import RelPosAttention
+from customop.ops.linear import cpu_linear
 from customop.samples.attention import DTYPES, REL_POS_CASES
 from customop.testing import assert_close, assert_conforms, assert_same_error, randn
 from tests.cases.attention import ref_rel_pos_attention, ref_resize
@@ -77,7 +78,10 @@ def test_narrow_grid_bias_add_is_bitwise_the_plain_one(label, shape, level, dtyp
     x = randn(*shape, dtype=dtype, generator=GEN(1))
     plain, narrow = op.forward_kernel(x), op.forward_kernel(x, narrow_add_below=shape[2] + 1)
     assert torch.equal(plain, narrow)
-    assert torch.equal(op.forward_cpu(x), narrow if dtype in (torch.bfloat16, torch.float16) else plain)
+    # forward_cpu: the same form, its projections on cpu_linear
+    half = dtype in (torch.bfloat16, torch.float16)
+    want = op.forward_kernel(x, narrow_add_below=shape[2] + 1 if half else 0, linear=cpu_linear)
+    assert torch.equal(op.forward_cpu(x), want)
 
 
 def test_blocked_kernel_records_autograd(monkeypatch):
