@@ -459,8 +459,8 @@ def _looped_config(kind: str, looped: dict[str, Any], n_rows: int, width: int, r
     lanes = looped["lanes_per_warp"]
     if residual:
         lanes = _by_width(looped.get("residual_lanes_per_warp", {}), width, lanes)
-    return RowConfig(1, chunk, _warps(kind, max(1, chunk // lanes)), False, const_width=looped.get("const_width", False),
-                     store_evict=store_evict)
+    return RowConfig(1, chunk, _warps(kind, max(1, chunk // lanes)), False,
+                     const_width=looped.get("const_width", False), store_evict=store_evict)
 
 
 def _looped_min_rows(looped: dict[str, Any], width: int, residual: bool) -> float:

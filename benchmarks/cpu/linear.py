@@ -34,6 +34,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (128, 4096, 4096), (256, 4096, 4096), (256, 4096, 14336),
           (16, 1024, 1024), (256, 1024, 1024)]
+#: the paths in the table's column order (the error cell lists them so; "-" where one did not run)
+COLUMNS = ("eager", "compile", "onednn", "compile_layer", "forward_cpu")
 QUICK_SHAPES = [(1, 1024, 1024), (16, 1024, 1024), (256, 1024, 1024)]
 
 
@@ -115,9 +117,7 @@ def main() -> None:
                 }
                 if not _onednn_runs(x, w, b):
                     del fns["onednn"]
-                errors = check_paths(fns, want, TOLERANCE[dtype], f"{m}x{k}x{n} {dtype}")
-                if "onednn" not in fns:
-                    errors.insert(2, "-")
+                errors = dict(zip(fns, check_paths(fns, want, TOLERANCE[dtype], f"{m}x{k}x{n} {dtype}")))
                 rounds = args.rounds if m * k * n < 2**30 else max(3, args.rounds // 2)
                 t = time_interleaved(fns, rounds, clock)
                 best = min(t.values())
@@ -127,7 +127,7 @@ def main() -> None:
                       f"{t['compile'] * 1e3:.2f} | {onednn_cells} | "
                       f"{t['compile_layer'] * 1e3:.2f} | {t['forward_cpu'] * 1e3:.2f} | "
                       f"{t['compile_layer'] / t['forward_cpu']:.2f} | {2 * m * k * n / best / 1e9:.1f} | "
-                      f"{', '.join(errors)} |", flush=True)
+                      f"{', '.join(errors.get(name, '-') for name in COLUMNS)} |", flush=True)
 
 if __name__ == "__main__":
     main()

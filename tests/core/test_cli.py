@@ -50,7 +50,8 @@ def test_info_prints_the_moe_routes(capsys, monkeypatch):
     rows = [line.split(None, 6) for line in section.splitlines() if line.startswith(("Mixtral", "Qwen3"))]
     assert len(rows) == 6
     # CPU: the eager grouped form below COMPILE_FROM_SLOTS slots, the compiled one from there (on
-    # AVX2 CPUs the spec from 16 slots an expert: 256 tokens x 8 / 128 experts)
+    # AVX2 CPUs the spec from SPEC_FROM_SLOTS_PER_EXPERT's slots an expert: 256 tokens x 8 / 128
+    # experts = 16)
     assert "Qwen3-30B-A3B E128 k8 H2048 I768  1 " in section
     assert rows[3][5:] == ["1", "grouped (torch._grouped_mm, eager)"]
     big = "spec" if torch.bfloat16 in moe_cpu.SPEC_FROM_SLOTS_PER_EXPERT else "compiled"

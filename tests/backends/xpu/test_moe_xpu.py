@@ -288,7 +288,7 @@ def test_cpu_experts_on_this_torch(label, dtype):
     case, layer = build(label, dtype)
     for tokens in (1, 7, 64):
         x, w, ids = routed_inputs(layer, case, tokens, dtype, generator=gen(label, tokens, "cpu"))
-        if not moe_cpu.GROUPED_MM_ON_CPU:  # (AVX2 CPUs: bf16 from 16 slots an expert the spec)
+        if not moe_cpu.GROUPED_MM_ON_CPU:  # (AVX2 CPUs: the spec from SPEC_FROM_SLOTS_PER_EXPERT)
             spec_from = moe_cpu.SPEC_FROM_SLOTS_PER_EXPERT.get(dtype)
             spec = spec_from is not None and tokens * case.top_k >= spec_from * layer.w2_weight.shape[0]
             assert moe_cpu.choice(x, layer.w2_weight, case.top_k) == ("spec" if spec else "per_expert")
