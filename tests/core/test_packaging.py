@@ -18,6 +18,8 @@ from customop.backend_loader import BACKENDS
 ROOT = Path(__file__).resolve().parents[2]
 #: source folder -> where its modules land in the wheel
 LAYOUT = {"customop": "customop", "backends": "customop/backends", "benchmarks": "customop/benchmarks"}
+#: source folders kept out of the wheel on purpose: scripts run from a checkout, never imported by the library
+NOT_SHIPPED = ("benchmarks/experiments/",)
 
 
 def _extras() -> dict[str, list[Requirement]]:
@@ -64,13 +66,15 @@ def test_wheel_maps_backends_and_benchmarks_into_customop(wheel_files):
                  "customop/benchmarks/specs/__init__.py", "customop/__main__.py"):
         assert path in wheel_files
     assert not {f for f in wheel_files if f.startswith(("backends/", "benchmarks/", "tests/"))}
+    assert not {f for f in wheel_files if f.startswith("customop/benchmarks/experiments/")}
 
 
 def test_wheel_has_every_module_of_the_sources(wheel_files):
     """A folder without __init__.py is skipped by find_packages (setup.py): its modules would be
     importable from a checkout and missing from every install."""
     for folder, target in LAYOUT.items():
-        missing = sorted(f"{folder}/{m}" for m in _modules(ROOT / folder) if f"{target}/{m}" not in wheel_files)
+        missing = sorted(f"{folder}/{m}" for m in _modules(ROOT / folder)
+                         if f"{target}/{m}" not in wheel_files and not f"{folder}/{m}".startswith(NOT_SHIPPED))
         assert not missing, f"not in the wheel (a folder without __init__.py?): {missing}"
 
 
