@@ -13,6 +13,7 @@ convolution drops them. Any other convolution is ``F.conv2d`` / ``F.conv3d``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,17 +44,18 @@ def patch_rows(x: torch.Tensor, kernel: tuple[int, ...]) -> torch.Tensor:
 
 
 def patch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 rows: torch.Tensor | None = None) -> torch.Tensor:
+                 rows: torch.Tensor | None = None, linear: Callable[..., torch.Tensor] = F.linear) -> torch.Tensor:
     """A kernel == stride convolution as one GEMM. ``x`` ``[B, C, *spatial]``, ``weight``
     ``[out, C, *kernel]``; returns ``[B, out, *(spatial // kernel)]`` (a permuted view of the
     ``[B, *grid, out]`` product). ``rows``: ``patch_rows(x, kernel)`` when the caller has built
-    them another way (``forward_cpu`` does)."""
+    them another way, and ``linear``: ``F.linear``'s stand-in (``forward_cpu`` passes both: its
+    gathered rows and ``customop.ops.linear.cpu_linear``)."""
     kernel = weight.shape[2:]
     n = len(kernel)
     grid = [size // k for size, k in zip(x.shape[2:], kernel)]
     if rows is None:
         rows = patch_rows(x, kernel)
-    out = F.linear(rows, weight.reshape(weight.shape[0], -1), bias)
+    out = linear(rows, weight.reshape(weight.shape[0], -1), bias)
     # the out size named, not -1: a batch of no images has nothing to infer it from
     return out.view(x.shape[0], *grid, weight.shape[0]).permute(0, n + 1, *range(1, n + 1))
 

@@ -9,10 +9,10 @@ Qwen2-VL's 3x(2,14,14) -> 1280 patches). Any other convolution is ``F.conv2d``/`
 Paths: ``forward_native`` is the spec (the linear form for a patch projection, the convolution
 otherwise); ``forward_cuda = forward_xpu = forward_tpu`` call ``torch.ops.customop.conv2d``/
 ``conv3d``, whose GPU kernel gathers the patches with Triton into aligned rows for one cuBLAS GEMM
-(``backends/triton/conv.py``) and whose body elsewhere is the spec; ``forward_cpu`` is the spec too (on the
-CPU the linear form measured as fast as oneDNN's convolution or much faster,
+(``backends/triton/conv.py``) and whose body elsewhere is the spec; ``forward_cpu`` is the spec's
+linear form too (on the CPU it measured as fast as oneDNN's convolution or much faster,
 benchmarks/results/cpu_conv.md), with the patch unfold gathered by ``index_select`` where it is a
-copy. Parameters ``weight`` ``[out, in // groups, *kernel]`` and
+copy and half-precision GEMMs in fp32 on AVX2 CPUs. Parameters ``weight`` ``[out, in // groups, *kernel]`` and
 ``bias`` ``[out]`` are named and shaped as ``nn.Conv2d``/``nn.Conv3d``'s, so a regular conv
 checkpoint loads as is.
 """
@@ -24,10 +24,12 @@ import math
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from customop.custom_op import CustomOp
 from customop.math.conv import conv, conv_layer, is_patch_embedding, patch_linear, patch_rows  # noqa: F401  (the spec, re-exported)
+from customop.ops.linear import fp32_linear, use_fp32_gemm
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
@@ -115,7 +117,9 @@ class ConvLayerBase(CustomOp):
         return conv_layer(x, self.weight, self.bias, *self._args())
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        """The spec, with its patch unfold done by ``index_select`` where the unfold is a real copy
+        """The spec's linear form, with two changes. The GEMM is ``patch_gemm_cpu``: in bf16 / fp16
+        on AVX2 CPUs an fp32 GEMM from a few dozen patches (their half-precision GEMMs get no
+        hardware help there). And the patch unfold is done by ``index_select`` where it is a real copy
         (benchmarks/results/cpu_conv.md, one thread). The linear form beats oneDNN's 3-D
         convolution 7x in fp32 and 40-77x in bf16 on Qwen2-VL's patches (whose unfold is a free
         view), its 2-D one 2.1-2.7x in bf16, and ties with it in fp32. Where the image must be cut
@@ -123,24 +127,26 @@ class ConvLayerBase(CustomOp):
         view runs one short strided loop per ``kernel[-1]``-element run and was 0.82-0.91x
         ``torch.compile(forward_native)`` in bf16 (Inductor fuses the unfold into one loop nest);
         ``index_select`` of the image viewed as ``[B, runs, kernel[-1]]`` memcpys the same runs
-        into the same rows (bitwise the spec's rows, ``_unfold_runs``) in half the time, then the
-        same GEMM. One thread (or autograd recording): ATen's dim-1 ``index_select`` loop (indices
-        checked once, serial); more threads: dim 0 per image, which ATen splits across them (two
-        threads, the bf16 unfold alone, medians: CLIP 4 x 336^2 0.38 ms against dim 1's 0.41 and the
-        spec's copy 0.66-0.72; 2 x 448^2 0.28-0.30 against 0.36-0.39 and 0.54-0.57)."""
+        into the same rows (bitwise the spec's rows, ``_unfold_runs``) in half the time. One
+        thread (or autograd recording): ATen's dim-1 ``index_select`` loop (indices checked once,
+        serial); more threads: dim 0 per image, which ATen splits across them (two threads, the
+        bf16 unfold alone, medians: CLIP 4 x 336^2 0.38 ms against dim 1's 0.41 and the spec's
+        copy 0.66-0.72; 2 x 448^2 0.28-0.30 against 0.36-0.39 and 0.54-0.57)."""
         self.check_input(x)
-        if self.enable_linear and not torch.compiler.is_compiling() and x.is_contiguous():
-            runs = _unfold_runs(tuple(x.shape), self.kernel_size)
-            if runs is not None:
-                units = x.view(x.shape[0], -1, self.kernel_size[-1])
-                if torch.get_num_threads() == 1 or torch.is_grad_enabled():
-                    rows = units.index_select(1, runs)
-                else:
-                    rows = units.new_empty(x.shape[0], runs.numel(), self.kernel_size[-1])
-                    for image, out in zip(units, rows):
-                        torch.index_select(image, 0, runs, out=out)
-                return patch_linear(x, self.weight, self.bias, rows=rows.view(-1, self.input_size))
-        return conv_layer(x, self.weight, self.bias, *self._args())
+        if not self.enable_linear:
+            return conv_layer(x, self.weight, self.bias, *self._args())
+        rows = None
+        if not torch.compiler.is_compiling() and x.is_contiguous() \
+                and (runs := _unfold_runs(tuple(x.shape), self.kernel_size)) is not None:
+            units = x.view(x.shape[0], -1, self.kernel_size[-1])
+            if torch.get_num_threads() == 1 or torch.is_grad_enabled():
+                rows = units.index_select(1, runs)
+            else:
+                rows = units.new_empty(x.shape[0], runs.numel(), self.kernel_size[-1])
+                for image, out in zip(units, rows):
+                    torch.index_select(image, 0, runs, out=out)
+            rows = rows.view(-1, self.input_size)
+        return patch_linear(x, self.weight, self.bias, rows=rows, linear=patch_gemm_cpu)
 
     def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_kernel(x)
@@ -184,6 +190,16 @@ def _image_runs(image: tuple[int, ...], kernel: tuple[int, ...]) -> torch.Tensor
     with torch.inference_mode(False), torch.no_grad():
         numbers = torch.arange(math.prod(image) // kernel[-1]).view(1, *image[:-1], image[-1] // kernel[-1])
         return patch_rows(numbers, (*kernel[:-1], 1)).reshape(-1)
+
+
+def patch_gemm_cpu(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``forward_cpu``'s patch GEMM. Half precision runs in fp32 where ``FP32_GEMM_FROM_ROWS``
+    says so (AVX2 CPUs: bf16 / fp16 patch embeddings 5.5-8.7x ``torch.compile(forward_native)``);
+    fp32 stays on ``F.linear``: oneDNN's linear, ``cpu_linear``'s fp32 choice, measured 0.85-0.96x
+    on these short products (588-1176 inputs), BENCHMARKS.md "issue 18, CPU, fifteenth day"."""
+    if use_fp32_gemm(rows, weight):
+        return fp32_linear(rows, weight, bias)
+    return F.linear(rows, weight, bias)
 
 
 @CustomOp.register("conv2d")

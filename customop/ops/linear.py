@@ -126,8 +126,13 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if use_onednn(x, weight, bias):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     if use_fp32_gemm(x, weight):
-        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+        return fp32_linear(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` computed in fp32 and rounded once to ``x``'s dtype (``use_fp32_gemm``'s route)."""
+    return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
 # ---- loading helpers ----------------------------------------------------------------------------

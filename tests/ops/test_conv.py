@@ -13,7 +13,8 @@ import torch._dynamo.testing
 import torch.nn.functional as F
 
 from customop.config import Config, use_config
-from customop.ops.conv import Conv2dLayer, Conv3dLayer, _unfold_runs, patch_linear, patch_rows
+from customop.ops import linear as linear_module
+from customop.ops.conv import Conv2dLayer, Conv3dLayer, _unfold_runs, patch_gemm_cpu, patch_linear, patch_rows
 from customop.samples.conv import BY_LABEL, CASES, DTYPES
 from customop.testing import assert_close, assert_conforms, assert_same_error, forced_platform, randn
 from tests.cases.conv import reference
@@ -95,8 +96,9 @@ GATHERED = [((3, 3, 31, 42), (14, 14)), ((1, 3, 45, 48), (16, 16)), ((5, 3, 29, 
 @pytest.mark.parametrize("shape,kernel", GATHERED, ids=lambda v: "x".join(map(str, v)))
 def test_forward_cpu_gathered_unfold(shape, kernel, dtype, threads):
     """forward_cpu's index_select unfold (images cut into patches, odd sizes and batch counts,
-    remainders dropped): close to the float64 reference, bitwise the spec's rows and output, on
-    both of its branches (one thread: dim 1; more: dim 0 per image), with and without autograd."""
+    remainders dropped): close to the float64 reference, bitwise the spec's rows, and bitwise
+    the spec's linear form on the same GEMM (``patch_gemm_cpu``), on both of its branches (one
+    thread: dim 1; more: dim 0 per image), with and without autograd."""
     assert _unfold_runs(shape, kernel) is not None, "the gathered route is not taken"
     seed = sum(shape) + len(kernel) + threads
     with use_config(Config(custom_ops=["all"])):
@@ -112,19 +114,44 @@ def test_forward_cpu_gathered_unfold(shape, kernel, dtype, threads):
     try:
         with torch.inference_mode():
             got, spec = op.forward_cpu(x), op.forward_native(x)
+            same_gemm = patch_linear(x, op.weight, op.bias, linear=patch_gemm_cpu)
         with torch.no_grad():
-            assert torch.equal(op.forward_cpu(x), spec)
+            assert torch.equal(op.forward_cpu(x), same_gemm)
     finally:
         torch.set_num_threads(old)
     assert torch.equal(x, before), "the input was written"
     assert got.dtype == dtype and got.shape == spec.shape and got.stride() == spec.stride()
-    assert torch.equal(got, spec)
+    assert torch.equal(got, same_gemm)
     assert_close(got, reference(op, x), dtype, what=f"forward_cpu gathered {shape} {kernel}")
     xg = x.clone().requires_grad_()
     op.forward_cpu(xg).float().square().sum().backward()
     xs = x.clone().requires_grad_()
-    op.forward_native(xs).float().square().sum().backward()
+    patch_linear(xs, op.weight, op.bias, linear=patch_gemm_cpu).float().square().sum().backward()
     assert torch.equal(xg.grad, xs.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape,kernel", [((1, 3, 14, 14), (14, 14)), ((3, 3, 31, 45), (14, 14)),
+                                          ((7, 3, 2, 14, 14), (2, 14, 14))], ids=lambda v: "x".join(map(str, v)))
+def test_forward_cpu_runs_half_precision_patches_in_fp32_where_the_table_says(shape, kernel, dtype, monkeypatch):
+    """Where ``FP32_GEMM_FROM_ROWS`` sends half-precision GEMMs to fp32 (AVX2 CPUs; set here for
+    this dtype from one row, so every CPU runs it): the patch GEMM is the fp32 product of the
+    spec's rows rounded once, close to the float64 reference; one patch, a cut image and
+    Qwen2-VL's view-unfolded patches (7 of them)."""
+    monkeypatch.setattr(linear_module, "FP32_GEMM_FROM_ROWS", {dtype: 1})
+    with use_config(Config(custom_ops=["all"])):
+        op = (Conv2dLayer if len(kernel) == 2 else Conv3dLayer)(3, 33, kernel, stride=kernel, params_dtype=dtype)
+    op.weight.data.copy_(torch.randn(op.weight.shape, generator=GEN(3)) * 0.05)
+    op.bias.data.copy_(torch.randn(op.bias.shape, generator=GEN(4)))
+    x = torch.randn(shape, generator=GEN(5)).to(dtype)
+    with torch.inference_mode():
+        got = op.forward_cpu(x)
+        rows = patch_rows(x, kernel).float()
+        fp32 = F.linear(rows, op.weight.float().reshape(op.out_channels, -1), op.bias.float()).to(dtype)
+    want = fp32.view(shape[0], *(s // k for s, k in zip(shape[2:], kernel)), -1).movedim(-1, 1)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert torch.equal(got, want)
+    assert_close(got, reference(op, x), dtype, what=f"forward_cpu fp32 GEMM {shape} {kernel}")
 
 
 @pytest.mark.parametrize("shape,kernel", [((5, 3, 2, 14, 14), (2, 14, 14)), ((7, 1, 15, 14), (14, 14)),
