@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -90,11 +91,12 @@ def _causal(q_len: int, length: int, device: torch.device) -> torch.Tensor:
     return torch.arange(length, device=device)[None, :] <= q_pos
 
 
-def prefill_attention(q: torch.Tensor, history: torch.Tensor, kv_b_weight: torch.Tensor, d: MLADims) -> torch.Tensor:
+def prefill_attention(q: torch.Tensor, history: torch.Tensor, kv_b_weight: torch.Tensor, d: MLADims,
+                      linear: Callable[..., torch.Tensor] = F.linear) -> torch.Tensor:
     """Up-projected causal attention: ``q`` ``[t, N, P + R]`` (the request's last ``t`` positions),
-    ``history`` ``[L_ctx, L + R]`` -> ``[t, N, V]``."""
+    ``history`` ``[L_ctx, L + R]`` -> ``[t, N, V]``. ``linear``: the up-projection's GEMM."""
     latent, k_pe = history[:, :d.kv_lora_rank], history[:, d.kv_lora_rank:]
-    kv = F.linear(latent.to(q.dtype), kv_b_weight).view(-1, d.num_heads, d.qk_nope_head_dim + d.v_head_dim)
+    kv = linear(latent.to(q.dtype), kv_b_weight).view(-1, d.num_heads, d.qk_nope_head_dim + d.v_head_dim)
     k_nope, v = kv.split([d.qk_nope_head_dim, d.v_head_dim], dim=-1)
     k = torch.cat((k_nope, k_pe.to(q.dtype)[:, None, :].expand(-1, d.num_heads, -1)), dim=-1)
     mask = _causal(q.shape[0], history.shape[0], q.device)
@@ -177,7 +179,8 @@ def span_rows(spans: list[tuple[int, int]], device: torch.device) -> torch.Tenso
 
 
 def packed_prefill(q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, cache_dtype: torch.dtype,
-                   spans: list[tuple[int, int]], kv_b_weight: torch.Tensor, d: MLADims, varlen_attn) -> torch.Tensor:
+                   spans: list[tuple[int, int]], kv_b_weight: torch.Tensor, d: MLADims, varlen_attn,
+                   linear: Callable[..., torch.Tensor] = F.linear) -> torch.Tensor:
     """Prefill requests without cached context (``spans``: each one's tokens ``[a, b)`` of the
     batch, its whole history) through one causal ``varlen_attn`` (``customop::varlen_attn``'s
     signature) over their packed tokens, instead of one SDPA per request. Keys and values are
@@ -198,7 +201,7 @@ def packed_prefill(q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tenso
         pick = lambda t: t[rows]  # noqa: E731
     latent = pick(kv_c_normed).to(cache_dtype).to(q.dtype)
     rope = pick(k_pe.reshape(k_pe.shape[0], -1)).to(cache_dtype).to(q.dtype)
-    kv = F.linear(latent, kv_b_weight).view(-1, d.num_heads, d.qk_nope_head_dim + d.v_head_dim)
+    kv = linear(latent, kv_b_weight).view(-1, d.num_heads, d.qk_nope_head_dim + d.v_head_dim)
     k_nope, v = kv.split([d.qk_nope_head_dim, d.v_head_dim], dim=-1)
     k = torch.cat((k_nope, rope[:, None, :].expand(-1, d.num_heads, -1)), dim=-1)
     query = pick(q)
@@ -212,7 +215,7 @@ def packed_prefill(q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tenso
 
 def mla_attention(q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
                   meta: MLAMetadata, kv_b_weight: torch.Tensor, d: MLADims, latent_decode=None,
-                  varlen_attn=None) -> torch.Tensor:
+                  varlen_attn=None, linear: Callable[..., torch.Tensor] = F.linear) -> torch.Tensor:
     """Writes the batch's rows into ``kv_cache`` (in place), then attends: decode requests by
     absorption, prefill requests by up-projection, each over its whole history. ``q``
     ``[T, N, P + R]`` -> ``[T, N * V]`` in q's dtype. ``latent_decode`` (a kernel with
@@ -220,7 +223,8 @@ def mla_attention(q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor
     (``absorbed_decode``), instead of the per-request spec. ``varlen_attn`` (a kernel with
     ``customop::varlen_attn``'s signature): the prefill requests without cached context go through
     it, all at once (``packed_prefill``); a prefill with cached context (chunked prefill) keeps
-    the spec's up-projection of its history read from the cache."""
+    the spec's up-projection of its history read from the cache. ``linear``: the prefills'
+    up-projection GEMM (``F.linear``'s stand-in: ``forward_cpu`` passes ``cpu_linear``)."""
     write_cache(kv_cache, meta.slot_mapping, kv_c_normed, k_pe)
     out = q.new_zeros(q.shape[0], d.num_heads, d.v_head_dim)
     starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
@@ -234,13 +238,15 @@ def mla_attention(q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor
         packed = {r for r in range(meta.num_decodes, len(lens)) if lens[r] == starts[r + 1] - starts[r] > 0}
         if packed:
             spans = [(starts[r], starts[r + 1]) for r in sorted(packed)]
-            result = packed_prefill(q, kv_c_normed, k_pe, kv_cache.dtype, spans, kv_b_weight, d, varlen_attn)
+            result = packed_prefill(q, kv_c_normed, k_pe, kv_cache.dtype, spans, kv_b_weight, d, varlen_attn, linear)
             out.index_copy_(0, span_rows(spans, q.device), result)
     for r, length in enumerate(lens):
         a, b = starts[r], starts[r + 1]
         if a == b or r < first or r in packed:
             continue
         history = gather_history(kv_cache, meta.block_table[r], length)
-        attend = decode_attention if r < meta.num_decodes else prefill_attention
-        out[a:b] = attend(q[a:b], history, kv_b_weight, d)
+        if r < meta.num_decodes:
+            out[a:b] = decode_attention(q[a:b], history, kv_b_weight, d)
+        else:
+            out[a:b] = prefill_attention(q[a:b], history, kv_b_weight, d, linear)
     return out.reshape(q.shape[0], -1)

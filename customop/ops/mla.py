@@ -26,11 +26,13 @@ import dataclasses
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from customop.backends.cpu.mla import latent_decode_by_rows
 from customop.custom_op import CustomOp
 from customop.math.mla import MLADims, MLAMetadata, mla_attention  # noqa: F401  (re-exported)
+from customop.ops.linear import cpu_linear
 
 _OP = "customop.multi_head_latent_attention"
 
@@ -159,13 +161,16 @@ class MultiHeadLatentAttentionWrapper(CustomOp):
         the whole batch through ``latent_decode_by_rows`` (``backends/cpu/mla.py``: the weights
         absorbed once, each row's history gathered by blocks, fp32 scores and softmax), the fresh
         prefills packed through ``customop::varlen_attn`` (its CPU body: one causal SDPA per prompt,
-        no explicit mask), chunked prefills as in the spec. Measured 1.0-2.2x the spec and its
+        no explicit mask), chunked prefills as in the spec, the prefills' ``kv_b_proj``
+        up-projection on ``cpu_linear`` (in bf16 on AVX2 CPUs an fp32 GEMM: it was 225 of 530 ms
+        of a 512-token prompt). Measured 1.0-2.2x the spec and its
         compile (benchmarks/results/cpu_mla.md). Inside a caller's ``torch.compile`` the spec's
         walk runs (``customop::mla_attention``), as for every op."""
         if torch.compiler.is_compiling():
             return self.forward_native(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling)
         return self._layer(positions, hidden_states, kv_cache, attn_metadata, llama_4_scaling,
-                           latent_decode=latent_decode_by_rows, varlen_attn=torch.ops.customop.varlen_attn)
+                           latent_decode=latent_decode_by_rows, varlen_attn=torch.ops.customop.varlen_attn,
+                           linear=cpu_linear)
 
     def forward_kernel(self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache: torch.Tensor | None = None,
                        attn_metadata: MLAMetadata | None = None,
@@ -182,7 +187,7 @@ class MultiHeadLatentAttentionWrapper(CustomOp):
 
     def _layer(self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache: torch.Tensor | None,
                attn_metadata: MLAMetadata | None, llama_4_scaling: torch.Tensor | None,
-               latent_decode: Any = None, varlen_attn: Any = None) -> torch.Tensor:
+               latent_decode: Any = None, varlen_attn: Any = None, linear: Any = F.linear) -> torch.Tensor:
         compiling = torch.compiler.is_compiling()
         # the batch checks read the metadata on the host: a traced graph cannot (the opaque op below
         # then runs unchecked, as vLLM's attention backends do)
@@ -199,7 +204,7 @@ class MultiHeadLatentAttentionWrapper(CustomOp):
                 self.kv_b_proj.weight, m.num_decodes, d.sizes, d.scale, latent_decode is not None)
         else:
             attn = mla_attention(q, kv_c_normed, k_pe, kv_cache, attn_metadata, self.kv_b_proj.weight, self.dims,
-                                 latent_decode, varlen_attn)
+                                 latent_decode, varlen_attn, linear)
         return _out(self.o_proj(attn))
 
     def extra_repr(self) -> str:

@@ -20,6 +20,8 @@ import torch
 
 from customop.backends.cpu.mla import latent_decode_by_rows
 from customop.math.mla import paged_latent_decode
+from customop.ops import linear as linear_module
+from customop.ops.linear import fp32_linear
 from customop.ops.mla import MLAMetadata, MultiHeadLatentAttentionWrapper
 from customop.samples.mla import BATCHES, BLOCK_SIZE, DTYPES, Batch, build_modules, init_kwargs
 from customop.testing import assert_close, assert_conforms, randn
@@ -85,6 +87,28 @@ def test_forward_cpu_route_matches_float64_reference(q_lora, dtype):
     got, want = latent_decode_by_rows(*args), paged_latent_decode(*args[:5], op.dims.scale)
     assert got.dtype == dtype and torch.equal(got[1], torch.zeros_like(got[1]))
     close(got, want.double(), dtype, "latent_decode_by_rows")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_forward_cpu_up_projects_prefills_on_cpu_linear(dtype, monkeypatch):
+    """Where ``FP32_GEMM_FROM_ROWS`` sends half-precision GEMMs to fp32 (AVX2 CPUs; set here for
+    this dtype from one row, so every CPU runs it), the prefills' ``kv_b_proj`` up-projection (the
+    packed fresh prefill and the chunked one) takes it too, and the layer stays within the float64
+    reference's tolerance."""
+    monkeypatch.setattr(linear_module, "FP32_GEMM_FROM_ROWS", {dtype: 1})
+    seen = []
+
+    def recording(x, weight, bias=None):
+        seen.append(tuple(weight.shape))
+        return fp32_linear(x, weight, bias)
+
+    monkeypatch.setattr(linear_module, "fp32_linear", recording)
+    gen = torch.Generator().manual_seed(13)
+    op = MultiHeadLatentAttentionWrapper(**init_kwargs(build_modules(False, dtype, generator=gen), False))
+    positions, hidden, cache, meta = CPU_ROUTE_BATCH.build(dtype, generator=gen)
+    expected, _ = reference(op, positions, hidden, cache.clone(), meta)
+    close(op.forward_cpu(positions, hidden, cache, meta), expected, dtype, "forward_cpu, fp32 GEMMs")
+    assert seen.count(tuple(op.kv_b_proj.weight.shape)) == 2, seen  # one packed prefill, one chunked
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
