@@ -1,7 +1,8 @@
 """Device-neutral Triton kernels shared by the cuda, rocm and xpu backends.
 
 Each kernel module (``activation``, ``layernorm``, ``rotary``, ``quant``, ...) holds ``@triton.jit``
-kernels plus their launchers, and exports ``KERNELS``: a dict from a ``customop::<op>`` name to
+kernels plus their launchers (or, where that grew past one file, imports its kernels from a private
+``_<family>_kernels`` module, which the collector below skips), and exports ``KERNELS``: a dict from a ``customop::<op>`` name to
 the launcher implementing that op's schema. Launchers allocate outputs on the input's own device
 and never sync with the host. A platform backend registers them for its device type with
 ``register_for(device_type)``.

@@ -1,8 +1,8 @@
-"""The activation kernels (backends/triton/activation.py) under the Triton interpreter: every case
-of the table (``customop/samples/activation.py``) through ``forward_kernel`` (the launcher as the
-CPU kernel of its ``customop::`` op) against the float64 references (``tests/cases/activation.py``),
-then the launchers directly (strided inputs, tilings, the looped variant) and through
-``torch.ops.customop.*`` (opcheck, torch.compile)."""
+"""The activation kernels (backends/triton/activation.py, _activation_kernels.py) under the Triton
+interpreter: every case of the table (``customop/samples/activation.py``) through
+``forward_kernel`` (the launcher as the CPU kernel of its ``customop::`` op) against the float64
+references (``tests/cases/activation.py``), then the launchers directly (strided inputs, tilings,
+the looped variant) and through ``torch.ops.customop.*`` (opcheck, torch.compile)."""
 
 from __future__ import annotations
 
