@@ -11,7 +11,7 @@ residual) are read once, the outputs written once, all math in fp32 with one cas
 A tuning config may ask for a persistent grid instead (programs loop over row blocks, the next
 block's loads in flight during this one's math), or for the looped variant (two passes over the
 row in chunks; the second is mostly served by L2), which prefill sizes and rows wider than the
-largest tile take. Numerics follow the spec (customop/ops/layernorm.py): plain rms_norm rounds
+largest tile take. Numerics follow the spec (customop/math/layernorm.py): plain rms_norm rounds
 the normalised value to the weight's dtype before multiplying by the weight in that dtype; Gemma
 multiplies by ``1 + w`` in fp32; the fused RMS variants normalise the fp32 sum and store the
 residual in x's dtype; the layer norms centre the row (the looped variant by Welford's running
