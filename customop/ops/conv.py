@@ -24,12 +24,11 @@ import math
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from customop.custom_op import CustomOp
 from customop.math.conv import conv, conv_layer, is_patch_embedding, patch_linear, patch_rows  # noqa: F401  (the spec, re-exported)
-from customop.ops.linear import fp32_linear, use_fp32_gemm
+from customop.ops.linear import cpu_linear
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
@@ -193,13 +192,12 @@ def _image_runs(image: tuple[int, ...], kernel: tuple[int, ...]) -> torch.Tensor
 
 
 def patch_gemm_cpu(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``forward_cpu``'s patch GEMM. Half precision runs in fp32 where ``FP32_GEMM_FROM_ROWS``
-    says so (AVX2 CPUs: bf16 / fp16 patch embeddings 5.5-8.7x ``torch.compile(forward_native)``);
-    fp32 stays on ``F.linear``: oneDNN's linear, ``cpu_linear``'s fp32 choice, measured 0.85-0.96x
-    on these short products (588-1176 inputs), BENCHMARKS.md "issue 18, CPU, fifteenth day"."""
-    if use_fp32_gemm(rows, weight):
-        return fp32_linear(rows, weight, bias)
-    return F.linear(rows, weight, bias)
+    """``forward_cpu``'s patch GEMM: ``cpu_linear`` without oneDNN. Half precision runs in fp32
+    where ``FP32_GEMM_FROM_ROWS`` says so (AVX2 CPUs: bf16 / fp16 patch embeddings 5.5-8.7x
+    ``torch.compile(forward_native)``); fp32 stays on ``F.linear``: oneDNN's linear, ``cpu_linear``'s
+    fp32 choice, measured 0.85-0.96x on these short products (588-1176 inputs), BENCHMARKS.md
+    "issue 18, CPU, fifteenth day"."""
+    return cpu_linear(rows, weight, bias, onednn=False)
 
 
 @CustomOp.register("conv2d")

@@ -120,10 +120,12 @@ def use_fp32_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
                 and not torch.compiler.is_compiling())
 
 
-def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+               onednn: bool = True) -> torch.Tensor:
     """``linear`` on the faster CPU path: oneDNN for the dtypes and sizes where it won, an fp32
-    GEMM where half-precision GEMMs are slow, else F.linear."""
-    if use_onednn(x, weight, bias):
+    GEMM where half-precision GEMMs are slow, else F.linear. ``onednn=False``: never oneDNN (a
+    caller whose products measured slower on it: the conv patch GEMMs)."""
+    if onednn and use_onednn(x, weight, bias):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     if use_fp32_gemm(x, weight):
         return fp32_linear(x, weight, bias)
